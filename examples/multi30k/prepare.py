@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Prepare Multi30k (task 1) for fairseq: Moses tokenisation, joint BPE, binarisation.
+
+Example::
+
+    python examples/multi30k/prepare.py --out data/multi30k_en_de \
+        --raw-dir ../shared/data/multi30k --src en --tgt de
+
+Without ``--raw-dir`` the raw files are downloaded from the public
+multi30k/dataset GitHub repository into ``OUT/raw_download``.
+
+Outputs under ``--out``:
+
+* ``bpe.codes``                         joint BPE codes (subword-nmt)
+* ``tok/{train,valid,test}.{src,tgt}``  tokenised + BPE'd text
+* ``raw/{valid,test}.{src,tgt}``        original lines (references for detokenised BLEU)
+* ``data-bin/``                         ``fairseq-preprocess`` output (joined dictionary)
+
+``--train-lines`` limits the training split, ``--test-lines`` limits both the
+valid and the test split (first N lines); both are meant for tests and quick runs.
+Empty lines are kept so that every split stays line-aligned with its raw references.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
+
+DOWNLOAD_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
+# (raw file stem, output split name)
+SPLITS: tuple[tuple[str, str], ...] = (
+    ("train", "train"),
+    ("val", "valid"),
+    ("test_2016_flickr", "test"),
+)
+
+
+class PrepareError(RuntimeError):
+    """A user-facing preparation error (bad input, failed download, failed tool)."""
+
+
+# ---------------------------------------------------------------- raw input
+
+
+def download_raw(dest: Path, langs: list[str], timeout: float = 60.0) -> Path:
+    """Download the raw Multi30k task-1 files for ``langs`` into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for stem, _ in SPLITS:
+        for lang in langs:
+            name = f"{stem}.{lang}.gz"
+            target = dest / name
+            if target.exists() and target.stat().st_size > 0:
+                continue
+            url = DOWNLOAD_URL + name
+            print(f"downloading {url}", file=sys.stderr)
+            part = target.with_name(name + ".part")
+            try:
+                with (
+                    urllib.request.urlopen(url, timeout=timeout) as resp,
+                    part.open("wb") as out,
+                ):
+                    shutil.copyfileobj(resp, out)
+                with gzip.open(part, "rb") as check:  # fail early on an HTML error page
+                    check.read(1)
+            except (urllib.error.URLError, OSError, EOFError) as exc:
+                part.unlink(missing_ok=True)
+                raise PrepareError(
+                    f"could not download {url}: {exc}\n"
+                    "Check the network connection, or pass --raw-dir with a local copy "
+                    f"of the files {stem}.{{{','.join(langs)}}}.gz."
+                ) from exc
+            part.replace(target)
+    return dest
+
+
+def find_raw_file(raw_dir: Path, stem: str, lang: str) -> Path:
+    """Return ``raw_dir/stem.lang.gz`` or, failing that, the uncompressed ``raw_dir/stem.lang``."""
+    for candidate in (raw_dir / f"{stem}.{lang}.gz", raw_dir / f"{stem}.{lang}"):
+        if candidate.is_file():
+            return candidate
+    raise PrepareError(
+        f"missing raw file: {raw_dir / f'{stem}.{lang}.gz'} (or {stem}.{lang})"
+    )
+
+
+def read_lines(path: Path, limit: int | None = None) -> list[str]:
+    """Read UTF-8 lines (gzip or plain) without their line terminators."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines: list[str] = []
+    with opener(path, "rt", encoding="utf-8", newline="\n") as handle:
+        for line in handle:
+            if limit is not None and len(lines) >= limit:
+                break
+            lines.append(line.rstrip("\r\n"))
+    return lines
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    """Write lines, one per line, UTF-8, ``\\n``-terminated."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for line in lines:
+            handle.write(line + "\n")
+
+
+# ---------------------------------------------------------------- workers
+
+
+def _tokenize_chunk(args: tuple[str, list[str]]) -> list[str]:
+    lang, lines = args
+    normalizer = MosesPunctNormalizer(lang=lang)
+    tokenizer = MosesTokenizer(lang=lang)
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            out.append("")
+            continue
+        out.append(
+            tokenizer.tokenize(
+                normalizer.normalize(line), escape=False, return_str=True
+            ).strip()
+        )
+    return out
+
+
+def _bpe_chunk(args: tuple[str, list[str]]) -> list[str]:
+    codes, lines = args
+    with open(codes, encoding="utf-8") as handle:
+        bpe = BPE(handle)
+    return [bpe.process_line(line).strip() if line else "" for line in lines]
+
+
+def _chunks(lines: list[str], n: int) -> list[list[str]]:
+    size = max(1, -(-len(lines) // n))
+    return [lines[i : i + size] for i in range(0, len(lines), size)] or [[]]
+
+
+def _parallel(
+    func: Callable[[tuple[str, list[str]]], list[str]],
+    key: str,
+    lines: list[str],
+    workers: int,
+) -> list[str]:
+    jobs = [(key, chunk) for chunk in _chunks(lines, workers)]
+    if workers <= 1 or len(jobs) == 1:
+        results = [func(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(func, jobs))
+    return [line for chunk in results for line in chunk]
+
+
+def tokenize(lines: list[str], lang: str, workers: int = 1) -> list[str]:
+    """Moses punctuation normalisation + tokenisation (no XML escaping)."""
+    return _parallel(_tokenize_chunk, lang, lines, workers)
+
+
+def apply_bpe(lines: list[str], codes: Path, workers: int = 1) -> list[str]:
+    """Apply subword-nmt BPE codes to tokenised lines."""
+    return _parallel(_bpe_chunk, str(codes), lines, workers)
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+def fairseq_preprocess_command() -> str:
+    """Locate ``fairseq-preprocess`` next to the running interpreter, else on PATH."""
+    local = Path(sys.executable).parent / "fairseq-preprocess"
+    if local.is_file():
+        return str(local)
+    found = shutil.which("fairseq-preprocess")
+    if found is None:
+        raise PrepareError(
+            "fairseq-preprocess not found next to sys.executable nor on PATH"
+        )
+    return found
+
+
+def prepare(
+    out: Path,
+    raw_dir: Path | None,
+    src: str = "en",
+    tgt: str = "de",
+    bpe_merges: int = 8000,
+    train_lines: int | None = None,
+    test_lines: int | None = None,
+    workers: int = 2,
+) -> dict[str, int]:
+    """Run the whole pipeline; return the number of lines per split and the vocabulary size."""
+    if src == tgt:
+        raise PrepareError("--src and --tgt must differ")
+    out.mkdir(parents=True, exist_ok=True)
+    if raw_dir is None:
+        raw_dir = download_raw(out / "raw_download", [src, tgt])
+    if not raw_dir.is_dir():
+        raise PrepareError(f"--raw-dir {raw_dir} is not a directory")
+
+    raw: dict[str, dict[str, list[str]]] = {}
+    for stem, split in SPLITS:
+        limit = train_lines if split == "train" else test_lines
+        src_path, tgt_path = (
+            find_raw_file(raw_dir, stem, src),
+            find_raw_file(raw_dir, stem, tgt),
+        )
+        src_lines, tgt_lines = read_lines(src_path, limit), read_lines(tgt_path, limit)
+        if len(src_lines) != len(tgt_lines):
+            raise PrepareError(
+                f"line count mismatch in split {split!r}: {src_path} has {len(src_lines)} lines, "
+                f"{tgt_path} has {len(tgt_lines)}"
+            )
+        if not src_lines:
+            raise PrepareError(f"split {split!r} is empty ({src_path})")
+        raw[split] = {"src": src_lines, "tgt": tgt_lines}
+
+    print(f"tokenising ({workers} workers) ...", file=sys.stderr)
+    tok: dict[str, dict[str, list[str]]] = {
+        split: {
+            "src": tokenize(sides["src"], src, workers),
+            "tgt": tokenize(sides["tgt"], tgt, workers),
+        }
+        for split, sides in raw.items()
+    }
+    for split, sides in tok.items():
+        pairs = zip(sides["src"], sides["tgt"], strict=True)
+        empty = [n for n, (s, t) in enumerate(pairs, 1) if not s or not t]
+        if empty:
+            shown = ", ".join(map(str, empty[:10])) + (
+                ", ..." if len(empty) > 10 else ""
+            )
+            print(
+                f"warning: {len(empty)} line pair(s) in split {split!r} have an empty "
+                f"side (lines {shown}); kept for alignment",
+                file=sys.stderr,
+            )
+
+    codes = out / "bpe.codes"
+    print(f"learning joint BPE ({bpe_merges} merges) ...", file=sys.stderr)
+    with codes.open("w", encoding="utf-8") as handle:
+        learn_bpe(
+            io.StringIO("\n".join(tok["train"]["src"] + tok["train"]["tgt"]) + "\n"),
+            handle,
+            bpe_merges,
+        )
+
+    tok_dir, ref_dir = out / "tok", out / "raw"
+    for split, sides in tok.items():
+        for side in ("src", "tgt"):
+            write_lines(
+                tok_dir / f"{split}.{side}", apply_bpe(sides[side], codes, workers)
+            )
+            if split != "train":
+                write_lines(ref_dir / f"{split}.{side}", raw[split][side])
+
+    dest = out / "data-bin"
+    cmd = [
+        fairseq_preprocess_command(),
+        "--source-lang", "src",
+        "--target-lang", "tgt",
+        "--trainpref", str(tok_dir / "train"),
+        "--validpref", str(tok_dir / "valid"),
+        "--testpref", str(tok_dir / "test"),
+        "--destdir", str(dest),
+        "--joined-dictionary",
+        "--workers", str(workers),
+    ]  # fmt: skip
+    print("running: " + " ".join(cmd), file=sys.stderr)
+    result = subprocess.run(cmd, check=False)
+    if result.returncode != 0:
+        raise PrepareError(
+            f"fairseq-preprocess failed with exit code {result.returncode}"
+        )
+
+    with (dest / "dict.src.txt").open(encoding="utf-8") as handle:
+        vocab = sum(1 for _ in handle) + 4  # + <s>, <pad>, </s>, <unk>
+    summary = {split: len(sides["src"]) for split, sides in raw.items()}
+    summary["vocab"] = vocab
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        help="directory with the raw *.gz files (default: download)",
+    )
+    parser.add_argument("--src", default="en", help="source language (default: en)")
+    parser.add_argument("--tgt", default="de", help="target language (default: de)")
+    parser.add_argument(
+        "--bpe-merges",
+        type=int,
+        default=8000,
+        help="joint BPE merge operations (default: 8000)",
+    )
+    parser.add_argument(
+        "--train-lines", type=int, help="use only the first N training lines"
+    )
+    parser.add_argument(
+        "--test-lines", type=int, help="use only the first N valid and test lines"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker processes (default: 2)"
+    )
+    args = parser.parse_args(argv)
+    for name in ("bpe_merges", "train_lines", "test_lines", "workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+
+    try:
+        summary = prepare(
+            args.out,
+            args.raw_dir,
+            src=args.src,
+            tgt=args.tgt,
+            bpe_merges=args.bpe_merges,
+            train_lines=args.train_lines,
+            test_lines=args.test_lines,
+            workers=args.workers,
+        )
+    except PrepareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"{args.src}-{args.tgt}: train {summary['train']} / valid {summary['valid']} / "
+        f"test {summary['test']} lines; joined vocabulary {summary['vocab']} "
+        f"(incl. 4 special symbols); data in {args.out / 'data-bin'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""fairseq_insertion: the Insertion Transformer (Stern et al., 2019) as a
+fairseq ``--user-dir`` plugin.
+
+Importing the package registers the ``insertion_transformer`` model and
+architectures, the ``insertion_loss`` criterion and the
+``insertion_translation`` task, and allows fairseq checkpoints to load under
+torch's safe loader (``weights_only=True``).
+"""
+
+import argparse
+
+import torch
+
+# fairseq checkpoints pickle their config as an argparse.Namespace (legacy
+# model args); allow exactly that instead of disabling the safe loader
+torch.serialization.add_safe_globals([argparse.Namespace])
+
+from . import criterion, model, task  # noqa: E402,F401  (registration side effects)
+
+__all__ = ["criterion", "model", "task"]

@@ -1,0 +1,256 @@
+"""The Insertion Transformer's algorithm as pure tensor functions.
+
+Nothing here imports fairseq. Every function works on a whole padded batch at
+once (no Python loops over sentences, slots or tokens) and on whatever device
+its inputs live on.
+
+Vocabulary used throughout (Stern et al., 2019):
+
+* target ``y``: the full output sequence, ``n`` tokens, without bos/eos.
+* canvas: the partial hypothesis, an ordered subsequence of the target.
+* slot ``l``: an insertion location; a canvas of ``k`` tokens has ``k + 1``
+  slots, slot ``l`` sitting just before canvas token ``l`` (slot ``k`` is the
+  rightmost).
+* span of slot ``l``: the target tokens still missing at that slot,
+  ``y[i_l .. j_l]``.
+* order: ``left_to_right``, ``binary_tree`` or ``uniform`` (the paper's
+  training losses); termination: ``slot`` or ``sequence`` finalization.
+* end-of-slot / end-of-sequence: one real vocabulary entry (we use eos).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+ORDERS = ("left_to_right", "binary_tree", "uniform")
+TERMINATIONS = ("slot", "sequence")
+
+
+# ----------------------------------------------------------------------------
+# Canvas sampling (paper: "Training and Loss Functions")
+# ----------------------------------------------------------------------------
+def sample_canvas(
+    target_lengths: Tensor, max_len: int, order: str, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    """Choose which target positions are already on the canvas.
+
+    ``k ~ Uniform{0..n}`` per sentence. ``left_to_right`` keeps the prefix of
+    length ``k``; ``binary_tree``/``uniform`` keep a uniformly random
+    ``k``-subset (shuffle the indices, keep the first ``k``), in target order.
+
+    target_lengths: (B,) real target lengths n. Returns keep: (B, N) bool,
+    False on padding.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
+    device = target_lengths.device
+    B = target_lengths.size(0)
+    pos = torch.arange(max_len, device=device).unsqueeze(0)  # (1, N)
+    valid = pos < target_lengths.unsqueeze(1)  # (B, N)
+    u = torch.rand(B, device=device, generator=generator)  # (B,)
+    k = torch.floor(u * (target_lengths + 1).float()).long().clamp(max=target_lengths)  # (B,)
+    if order == "left_to_right":
+        return pos < k.unsqueeze(1)
+    # random permutation rank of every real position; padding ranks last
+    r = torch.rand(B, max_len, device=device, generator=generator)  # (B, N)
+    r = r.masked_fill(~valid, 2.0)
+    rank = r.argsort(dim=1).argsort(dim=1)  # (B, N)
+    return (rank < k.unsqueeze(1)) & valid
+
+
+def gather_canvas(target: Tensor, keep: Tensor, pad: int) -> Tuple[Tensor, Tensor]:
+    """The kept tokens in target order, left-aligned and padded.
+
+    target, keep: (B, N). Returns canvas (B, K) with K = max kept count (at
+    least 0 columns) and canvas_lengths (B,).
+    """
+    B, N = target.shape
+    lengths = keep.sum(1)  # (B,)
+    pos = torch.arange(N, device=target.device).unsqueeze(0).expand(B, N)
+    order = torch.where(keep, pos, pos + N).argsort(dim=1)  # kept first, in order
+    K = int(lengths.max()) if B > 0 else 0
+    canvas = target.gather(1, order[:, :K])
+    canvas = canvas.masked_fill(torch.arange(K, device=target.device).unsqueeze(0) >= lengths.unsqueeze(1), pad)
+    return canvas, lengths
+
+
+def frame(canvas: Tensor, lengths: Tensor, bos: int, eos: int, pad: int) -> Tensor:
+    """Add the boundary markers: [bos] canvas [eos], right-padded.
+
+    canvas: (B, K). Returns (B, K + 2); slot ``l`` lies between columns l and l+1.
+    """
+    B, K = canvas.shape
+    out = canvas.new_full((B, K + 2), pad)
+    out[:, 0] = bos
+    out[:, 1 : K + 1] = canvas
+    out.scatter_(1, (lengths + 1).unsqueeze(1), eos)
+    return out
+
+
+def slot_mask(lengths: Tensor, num_slots: int) -> Tensor:
+    """(B, S) True for the ``k + 1`` real slots of each canvas."""
+    return torch.arange(num_slots, device=lengths.device).unsqueeze(0) <= lengths.unsqueeze(1)
+
+
+# ----------------------------------------------------------------------------
+# Slot spans and weights
+# ----------------------------------------------------------------------------
+def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """For every target position: its slot and the bounds of that slot's span.
+
+    keep: (B, N) bool. Returns (slot, span_start, span_end), each (B, N) long:
+    slot = number of kept tokens before the position; span_start / span_end
+    are the first / last missing target positions of that slot (inclusive).
+    Values are meaningful only at missing positions (``~keep`` and < n).
+    """
+    B, N = keep.shape
+    keep_l = keep.long()
+    slot = keep_l.cumsum(1) - keep_l  # (B, N) exclusive count of kept tokens
+    pos = torch.arange(N, device=keep.device).unsqueeze(0).expand(B, N)
+    prev_kept = torch.where(keep, pos, torch.full_like(pos, -1)).cummax(1).values  # (B, N)
+    big = target_lengths.unsqueeze(1).expand(B, N)
+    nxt = torch.where(keep, pos, big).flip(1).cummin(1).values.flip(1)  # (B, N)
+    return slot, prev_kept + 1, torch.minimum(nxt, big) - 1
+
+
+def slot_weights(
+    span_start: Tensor, span_end: Tensor, order: str, tau: float = 1.0
+) -> Tensor:
+    """Per missing token weight w_l(i) within its slot's span.
+
+    binary_tree: softmax over the span of -d_l(i)/tau, with
+    d_l(i) = |(i_l + j_l)/2 - i|; uniform: 1 / span length. Values at non-missing
+    positions are meaningless. Returns (B, N) float, summing to 1 per span.
+    """
+    B, N = span_start.shape
+    pos = torch.arange(N, device=span_start.device).unsqueeze(0).float()
+    span_len = (span_end - span_start + 1).clamp(min=1).float()  # (B, N)
+    if order == "uniform":
+        return 1.0 / span_len
+    if order != "binary_tree":
+        raise ValueError(f"slot weights are defined for binary_tree and uniform, not {order!r}")
+    if not tau > 0:
+        raise ValueError(f"--tau must be > 0 for the binary_tree order, got {tau}")
+    d = ((span_start + span_end).float() / 2 - pos).abs()  # (B, N)
+    # shift by the span's smallest distance (0 for odd, 0.5 for even spans) for stability
+    d_min = (span_len.remainder(2) == 0).float() * 0.5
+    unnorm = torch.exp(-(d - d_min) / tau)  # (B, N), max 1 within each span
+    # partition function of the span in closed form would be fiddly; sum exactly instead
+    return unnorm / _span_sum(unnorm, span_start, span_end)
+
+
+def _span_sum(x: Tensor, span_start: Tensor, span_end: Tensor) -> Tensor:
+    """Sum of ``x`` over each position's span, via prefix sums. (B, N)."""
+    csum = torch.nn.functional.pad(x.cumsum(1), (1, 0))  # (B, N+1)
+    N = x.size(1)
+    hi = (span_end + 1).clamp(0, N)
+    lo = span_start.clamp(0, N)
+    return csum.gather(1, hi) - csum.gather(1, lo)
+
+
+# ----------------------------------------------------------------------------
+# The loss (paper: slot-loss, averaged over slots; termination variants)
+# ----------------------------------------------------------------------------
+def insertion_loss(
+    content_lprobs: Tensor,
+    location_lprobs: Tensor,
+    target: Tensor,
+    target_lengths: Tensor,
+    keep: Tensor,
+    order: str,
+    termination: str,
+    eos: int,
+    tau: float = 1.0,
+    label_smoothing: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """Per-sentence insertion loss.
+
+    content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l);
+    so log p(c, l) = content + location. S >= k + 1 for every sentence.
+    target: (B, N) without eos; keep: (B, N) canvas membership from
+    :func:`sample_canvas`.
+
+    Returns (loss, nll), each (B,): ``nll`` is the paper's loss; ``loss`` mixes
+    in label smoothing: each slot's target distribution over content becomes
+    (1 - eps) * (its weights) + eps * uniform.
+    """
+    if termination not in TERMINATIONS:
+        raise ValueError(f"unknown termination {termination!r}; choose one of {TERMINATIONS}")
+    B, S, V = content_lprobs.shape
+    N = target.size(1)
+    eps = label_smoothing
+    k = keep.sum(1)  # (B,) canvas lengths
+    slots = slot_mask(k, S)  # (B, S)
+    loc = location_lprobs.float()
+    eos_nll = -(content_lprobs[:, :, eos].float() + loc)  # (B, S)
+    smooth = -(content_lprobs.float().mean(-1) + loc)  # (B, S)
+
+    if order == "left_to_right":
+        # next token y_{k+1} (or end-of-sequence when complete) in the rightmost slot k
+        nxt = target.gather(1, k.clamp(max=N - 1).unsqueeze(1)).squeeze(1) if N > 0 else k
+        nxt = torch.where(k < target_lengths, nxt, torch.full_like(nxt, eos))  # (B,)
+        lp = content_lprobs[torch.arange(B, device=k.device), k]  # (B, V)
+        nll = -(lp.float().gather(1, nxt.unsqueeze(1)).squeeze(1) + loc.gather(1, k.unsqueeze(1)).squeeze(1))
+        sm = smooth.gather(1, k.unsqueeze(1)).squeeze(1)
+        return (1 - eps) * nll + eps * sm, nll
+
+    valid = torch.arange(N, device=target.device).unsqueeze(0) < target_lengths.unsqueeze(1)
+    missing = valid & ~keep  # (B, N)
+    slot, start, end = slot_spans(keep, target_lengths)
+    slot = slot.clamp(max=S - 1)
+    w = slot_weights(start, end, order, tau) * missing  # (B, N)
+    # -log p(y_i, l) at every missing token, l = its slot
+    tok_lp = content_lprobs.reshape(B, S * V).gather(1, slot * V + target.clamp(0, V - 1)).float()
+    tok_nll = -(tok_lp + loc.gather(1, slot))  # (B, N)
+    tok_nll = torch.where(missing, tok_nll, torch.zeros_like(tok_nll))
+    slot_nll = loc.new_zeros(B, S).scatter_add_(1, slot, w * tok_nll)  # (B, S)
+    span_len = loc.new_zeros(B, S).scatter_add_(1, slot, missing.float())  # (B, S)
+    empty = slots & (span_len == 0)
+    nonempty = slots & (span_len > 0)
+
+    if termination == "slot":
+        counted = slots  # empty spans target end-of-slot
+    else:
+        complete = (k == target_lengths).unsqueeze(1)  # every slot targets end-of-sequence
+        counted = torch.where(complete, slots, nonempty)
+    slot_nll = torch.where(empty, eos_nll, slot_nll)
+    slot_nll = torch.where(counted, slot_nll, torch.zeros_like(slot_nll))
+    slot_smooth = torch.where(counted, smooth, torch.zeros_like(smooth))
+    n_counted = counted.sum(1).clamp(min=1).float()
+    nll = slot_nll.sum(1) / n_counted
+    loss = (1 - eps) * nll + eps * slot_smooth.sum(1) / n_counted
+    return loss, nll
+
+
+# ----------------------------------------------------------------------------
+# Applying insertions (paper: "Inference")
+# ----------------------------------------------------------------------------
+def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Tensor, pad) -> Tuple[Tensor, Tensor]:
+    """Insert ``slot_tokens[l]`` into every slot ``l`` where ``insert_mask``.
+
+    canvas: (B, K) (tokens, or any per-token value such as scores);
+    lengths: (B,); slot_tokens, insert_mask: (B, S) with S >= K + 1 allowed
+    (slots beyond a canvas's k + 1 must be False). Returns the new canvas
+    (B, K') trimmed to the longest row, and new lengths. Serves both parallel
+    decoding (many slots) and greedy decoding (one slot).
+    """
+    B, K = canvas.shape
+    S = insert_mask.size(1)
+    ins = insert_mask.long()
+    before = ins.cumsum(1)  # (B, S) inserts in slots 0..l
+    new_lengths = lengths + ins.sum(1)
+    width = int(new_lengths.max()) if B > 0 else 0
+    out = canvas.new_full((B, width + 1), pad)  # one spare column catches dropped writes
+    # existing token j moves right by the inserts in slots 0..j
+    j = torch.arange(K, device=canvas.device).unsqueeze(0)
+    tok_real = j < lengths.unsqueeze(1)
+    tok_pos = torch.where(tok_real, j + before[:, :K], torch.full_like(j.expand(B, K), width))
+    out.scatter_(1, tok_pos, canvas)
+    # a token inserted in slot l lands after the l existing tokens and the earlier inserts
+    l_idx = torch.arange(S, device=canvas.device).unsqueeze(0)
+    ins_pos = torch.where(insert_mask, l_idx + before - ins, torch.full_like(l_idx.expand(B, S), width))
+    out.scatter_(1, ins_pos, slot_tokens.to(out.dtype))
+    return out[:, :width], new_lengths

@@ -1,0 +1,89 @@
+"""``insertion_loss``: sample a canvas per sentence, score its slots, and take
+the paper's weighted slot loss (paper: "Training and Loss Functions")."""
+
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from . import canvas as C
+
+
+@dataclass
+class InsertionLossConfig(FairseqDataclass):
+    order: ChoiceEnum(list(C.ORDERS)) = field(  # type: ignore[valid-type]
+        default="binary_tree",
+        metadata={"help": "generation order the loss teaches (paper: Left-to-Right, Balanced Binary Tree, Uniform)"},
+    )
+    tau: float = field(
+        default=1.0, metadata={"help": "binary tree temperature: weights softmax(-d_l(i)/tau) over each span"}
+    )
+    termination: ChoiceEnum(list(C.TERMINATIONS)) = field(  # type: ignore[valid-type]
+        default="slot",
+        metadata={"help": "slot: empty spans target end-of-slot; sequence: empty spans are excluded and a "
+                  "complete canvas targets end-of-sequence (paper: Termination)"},
+    )
+    label_smoothing: float = field(
+        default=0.0, metadata={"help": "mix this much of a uniform content distribution into each slot's target"}
+    )
+
+
+@register_criterion("insertion_loss", dataclass=InsertionLossConfig)
+class InsertionLoss(FairseqCriterion):
+    def __init__(self, task, order="binary_tree", tau=1.0, termination="slot", label_smoothing=0.0):
+        super().__init__(task)
+        if order == "binary_tree" and not tau > 0:
+            raise ValueError(f"--tau must be > 0 for --order binary_tree, got {tau}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+        self.order, self.tau = str(order), float(tau)
+        self.termination, self.eps = str(termination), float(label_smoothing)
+        d = task.target_dictionary
+        self.bos, self.eos, self.pad = d.bos(), d.eos(), d.pad()
+
+    def forward(self, model, sample, reduce: bool = True):
+        target = sample["target"]  # (B, N+1): tokens, eos, padding
+        lengths = target.ne(self.pad).sum(1) - target.eq(self.eos).any(1).long()  # (B,) n without eos
+        N = target.size(1)
+        real = torch.arange(N, device=target.device).unsqueeze(0) < lengths.unsqueeze(1)
+        y = target.masked_fill(~real, self.pad)  # (B, N) eos removed
+
+        keep = C.sample_canvas(lengths, N, self.order)  # (B, N)
+        canvas, k = C.gather_canvas(y, keep, self.pad)  # (B, K), (B,)
+        framed = C.frame(canvas, k, self.bos, self.eos, self.pad)  # (B, K+2)
+
+        net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], framed)
+        content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (B, K+1, V), (B, K+1)
+        loss, nll = C.insertion_loss(
+            content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos, self.tau, self.eps
+        )
+        fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(), torch.ones_like(k, dtype=torch.float))
+        nsentences = target.size(0)
+        logging_output = {
+            "loss": loss.sum().data,
+            "nll_loss": nll.sum().data,
+            "fill": fill.sum().data,
+            "ntokens": sample["ntokens"],
+            "nsentences": nsentences,
+            "sample_size": nsentences,
+        }
+        return (loss.sum() if reduce else loss), nsentences, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size = total("sample_size")
+        nsentences = total("nsentences")
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("fill", total("fill") / max(nsentences, 1), nsentences, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

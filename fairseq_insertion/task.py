@@ -1,0 +1,84 @@
+"""``insertion_translation``: fairseq's translation task plus insertion decoding
+options; builds the :class:`InsertionGenerator` and never drops a sentence."""
+
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fairseq.data import FairseqDataset
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from .generator import DECODINGS, InsertionGenerator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InsertionTranslationConfig(TranslationConfig):
+    decoding: ChoiceEnum(list(DECODINGS)) = field(  # type: ignore[valid-type]
+        default="parallel",
+        metadata={"help": "parallel: insert into every slot whose argmax is not end-of-slot; greedy: one "
+                  "insertion per step (paper: Inference)"},
+    )
+    eos_penalty: float = field(
+        default=0.0,
+        metadata={"help": "beta, subtracted from the end-of-slot/sequence log-probability when decoding"},
+    )
+    max_iterations: int = field(
+        default=0,
+        metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
+                  "min(max_len_a * src_len + max_len_b, max target positions - 2))"},
+    )
+
+
+@register_task("insertion_translation", dataclass=InsertionTranslationConfig)
+class InsertionTranslationTask(TranslationTask):
+    """Translation with an Insertion Transformer."""
+
+    cfg: InsertionTranslationConfig
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        return InsertionGenerator(
+            self.target_dictionary,
+            decoding=str(self.cfg.decoding),
+            eos_penalty=self.cfg.eos_penalty,
+            max_len_a=getattr(args, "max_len_a", 0.0),
+            max_len_b=getattr(args, "max_len_b", 200),
+            max_iterations=self.cfg.max_iterations,
+            retain_history=getattr(args, "retain_iter_history", False),
+        )
+
+    def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
+        keep_remainder_batch(dataset)
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
+
+def keep_remainder_batch(dataset: FairseqDataset) -> None:
+    """Make ``dataset.batch_by_size`` keep every sentence.
+
+    fairseq drops the final batch when its size is not a multiple of
+    ``--required-batch-size-multiple``; in training, validation and
+    inference that silently loses sentences. Batches are consecutive runs
+    of ``indices``, so whatever is missing is the tail: batch it on its own.
+    """
+    batch_by_size = dataset.batch_by_size
+    if getattr(batch_by_size, "keeps_remainder", False):
+        return
+
+    def batch_all(indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
+        batches = batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
+                                required_batch_size_multiple=required_batch_size_multiple)
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            tail = np.asarray(indices[covered:], dtype=np.int64)
+            logger.info("kept a final batch of %d sentences that fairseq would drop", len(tail))
+            batches = list(batches) + [tail]
+        return batches
+
+    batch_all.keeps_remainder = True  # type: ignore[attr-defined]
+    dataset.batch_by_size = batch_all

@@ -1,0 +1,21 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq_insertion",
+    version="0.1.0",
+    description="The Insertion Transformer (Stern et al., 2019) as a fairseq --user-dir plugin",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fairseq_insertion", "fairseq_insertion.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        'fairseq==0.12.2; python_version<"3.11"',
+        'fairseq-fixed==0.12.3.1; python_version>="3.11"',
+        "torch",
+        "sacremoses",
+        "subword-nmt",
+        "sacrebleu",
+    ],
+    extras_require={"test": ["pytest", "hypothesis", "ruff"], "plot": ["matplotlib"]},
+    license="MIT",
+)
