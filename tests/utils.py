@@ -1,0 +1,66 @@
+"""Helpers for the CLI tests: synthetic corpora and running fairseq's CLIs."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN = str(REPO / "fairseq_insertion")
+BIN = Path(sys.executable).parent
+
+
+def write_reverse_corpus(directory: Path, sizes=(("train", 2000), ("valid", 64), ("test", 29)),
+                         vocab: int = 16, min_len: int = 4, max_len: int = 20, seed: int = 0) -> None:
+    """Source: a random token string; target: the same string reversed."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        with open(directory / f"{split}.src", "w") as fs, open(directory / f"{split}.tgt", "w") as ft:
+            for _ in range(n):
+                s = [rng.choice(words) for _ in range(rng.randint(min_len, max_len))]
+                fs.write(" ".join(s) + "\n")
+                ft.write(" ".join(reversed(s)) + "\n")
+
+
+def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run a CLI from the test environment's bin directory, capturing output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    cmd = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0], *map(str, cmd[1:])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def preprocess(raw: Path, dest: Path) -> None:
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+         "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", dest, "--joined-dictionary",
+         "--workers", "1"])
+
+
+def train_args(data: Path, save_dir: Path, *extra) -> List[str]:
+    return ["fairseq-train", data, "--user-dir", PLUGIN, "--task", "insertion_translation",
+            "--arch", "insertion_transformer_tiny", "--share-all-embeddings", "--criterion", "insertion_loss",
+            "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+            "--max-tokens", "2000", "--save-dir", save_dir, "--log-format", "simple", "--log-interval", "10",
+            "--cpu", "--seed", "1", *extra]
+
+
+def generate_args(data: Path, checkpoint: Path, *extra) -> List[str]:
+    return ["fairseq-generate", data, "--user-dir", PLUGIN, "--task", "insertion_translation", "--path",
+            checkpoint, "--cpu", *extra]
+
+
+def parse_generate(stdout: str, prefix: str = "H") -> dict:
+    """{sentence id: fields after the id} for lines starting with ``prefix-``."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith(prefix + "-"):
+            head, *rest = line.split("\t")
+            out[head[len(prefix) + 1:]] = rest
+    return out
