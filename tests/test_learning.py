@@ -1,0 +1,29 @@
+"""Learning test through the real CLIs: a tiny Insertion Transformer learns to
+reverse random token strings (length 4-20) and decodes them in parallel in about
+floor(log2 n) + 1 iterations."""
+
+import statistics
+
+from fairseq_insertion.generator import log2_bound
+from tests.utils import generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+
+UPDATES = 1500
+
+
+def test_tiny_model_learns_to_reverse(tmp_path):
+    write_reverse_corpus(tmp_path / "raw", sizes=(("train", 20000), ("valid", 64), ("test", 200)), vocab=12)
+    preprocess(tmp_path / "raw", tmp_path / "bin")
+    run(train_args(tmp_path / "bin", tmp_path / "ckpt", "--order", "binary_tree", "--tau", "1.0",
+                   "--termination", "slot", "--max-update", str(UPDATES), "--lr", "2e-3", "--warmup-updates", "200",
+                   "--max-tokens", "4096", "--disable-validation", "--no-epoch-checkpoints", "--log-interval", "100"),
+        timeout=900)
+    proc = run(generate_args(tmp_path / "bin", tmp_path / "ckpt" / "checkpoint_last.pt", "--decoding", "parallel",
+                             "--batch-size", "64", "--print-step"))
+    hyps, refs, steps = parse_generate(proc.stdout, "H"), parse_generate(proc.stdout, "T"), parse_generate(proc.stdout, "I")
+    assert len(hyps) == len(refs) == 200
+    exact = sum(hyps[i][1] == refs[i][0] for i in refs) / len(refs)
+    mean_iters = statistics.mean(int(steps[i][0]) for i in hyps)
+    mean_bound = statistics.mean(log2_bound(len(hyps[i][1].split())) for i in hyps)
+    print(f"exact match {exact:.3f}, mean iterations {mean_iters:.2f}, mean floor(log2 n)+1 {mean_bound:.2f}")
+    assert exact >= 0.9, f"exact match {exact:.3f}"
+    assert mean_iters <= mean_bound + 1.0, (mean_iters, mean_bound)
