@@ -15,7 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 from torch import Tensor

@@ -16,7 +16,7 @@ Content-location distribution: factorized, ``p(c, l) = p(l) p(c | l)`` with
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from fairseq.models import (
@@ -63,31 +63,101 @@ def _replace_fairseq_registration(name: str) -> None:
 _replace_fairseq_registration(MODEL_NAME)
 
 
+CONTENT_LOCATION = ("factorized", "joint")
+
+
+class SlotHead(nn.Module):
+    """Slot states H (B, S, h) -> content scores (B, S, V) and location logits (B, S).
+
+    Content scores are log-scores whose softmax over the vocabulary is p(c | l);
+    location logits' softmax over the real slots is p(l) (see
+    :meth:`InsertionTransformerModel.slot_log_probs`). Paper, "Model Variants":
+
+    * factorized: p(l) = softmax(H q), p(c | l) = softmax(h_l W);
+    * joint: p(c, l) = softmax(flatten(H W)), i.e. location logits are the
+      log-sum-exp of each slot's content scores;
+    * context bias: b = maxpool(H) V (padding slots excluded) added to every
+      slot's vocabulary logits;
+    * mixture of softmaxes (K > 1, Yang et al. 2018): K latent contexts
+      tanh(P_k h_l) with weights pi = softmax(h_l M); factorized:
+      p(c | l) = sum_k pi_k softmax(tanh(P_k h_l) W + b); joint:
+      p(c, l) proportional to sum_k pi_k exp(tanh(P_k h_l) W + b), which is
+      softmax(flatten(H W + B)) at K = 1. Always combined in log space.
+    """
+
+    def __init__(self, dim: int, vocab_size: int, content_location: str = "factorized", context_bias: bool = False,
+                 mixture_components: int = 1):
+        super().__init__()
+        if content_location not in CONTENT_LOCATION:
+            raise ValueError(f"--content-location must be one of {CONTENT_LOCATION}, got {content_location!r}")
+        if mixture_components < 1:
+            raise ValueError(f"--mixture-components must be >= 1, got {mixture_components}")
+        self.joint = content_location == "joint"
+        self.K = mixture_components
+        self.location_query = None if self.joint else nn.Parameter(torch.empty(dim).normal_(std=dim**-0.5))  # q
+        self.context_bias = nn.Linear(dim, vocab_size, bias=False) if context_bias else None  # V
+        if self.context_bias is not None:
+            nn.init.normal_(self.context_bias.weight, std=dim**-0.5)
+        if self.K > 1:
+            self.mixture_latent = nn.Linear(dim, self.K * dim)  # P_1..P_K
+            self.mixture_prior = nn.Linear(dim, self.K, bias=False)  # M
+
+    def forward(self, H: Tensor, real: Tensor, project: Callable[[Tensor], Tensor]) -> Tuple[Tensor, Tensor]:
+        """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W."""
+        B, S, h = H.shape
+        bias = None
+        if self.context_bias is not None:
+            g = H.masked_fill(~real.unsqueeze(-1), float("-inf")).max(1).values  # (B, h) maxpool over real slots
+            bias = self.context_bias(g).float().unsqueeze(1)  # (B, 1, V)
+        if self.K == 1:
+            content = project(H).float()  # (B, S, V)
+            if bias is not None:
+                content = content + bias
+        else:
+            latent = torch.tanh(self.mixture_latent(H)).view(B, S, self.K, h)  # (B, S, K, h)
+            z = project(latent).float()  # (B, S, K, V)
+            if bias is not None:
+                z = z + bias.unsqueeze(1)
+            log_pi = self.mixture_prior(H).float().log_softmax(-1).unsqueeze(-1)  # (B, S, K, 1)
+            if not self.joint:
+                z = z.log_softmax(-1)  # each component normalised per slot
+            content = (log_pi + z).logsumexp(2)  # (B, S, V)
+        if self.joint:
+            location = content.logsumexp(-1)  # (B, S)
+        else:
+            location = H.matmul(self.location_query.to(H.dtype)).float()  # (B, S)
+        return content, location
+
+
 class InsertionDecoder(TransformerDecoderBase):
-    """Non-causal Transformer decoder over a framed canvas, emitting slot scores."""
+    """Non-causal Transformer decoder over a framed canvas, emitting slot scores.
+
+    ``head`` (a :class:`SlotHead`) is attached by the model's ``build_model``.
+    """
 
     def __init__(self, cfg: TransformerConfig, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
         dim = self.output_embed_dim
         self.slot_proj = nn.Linear(2 * dim, dim)  # adjacent pair -> slot state
-        self.location_query = nn.Parameter(torch.empty(dim))  # q in p(l) = softmax(H q)
         nn.init.xavier_uniform_(self.slot_proj.weight)
         nn.init.zeros_(self.slot_proj.bias)
-        nn.init.normal_(self.location_query, std=dim**-0.5)
+        self.head: Optional[SlotHead] = None
+
+    def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
+        """Framed canvas (B, T+2) -> slot states H (B, T+1, C)."""
+        x, _ = self.extract_features(prev_output_tokens, encoder_out, full_context_alignment=True)  # (B, T+2, C)
+        return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (B, T+1, C)
 
     def forward(  # type: ignore[override]
         self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs
     ) -> Tuple[Tensor, Tensor]:
         """prev_output_tokens: framed canvas (B, T+2).
 
-        Returns content logits (B, T+1, V) and location logits (B, T+1);
-        padding slots are masked later, by :meth:`slot_log_probs`.
+        Returns content scores (B, T+1, V) and location logits (B, T+1) in fp32;
+        padding slots are masked by :meth:`InsertionTransformerModel.slot_log_probs`.
         """
-        x, _ = self.extract_features(prev_output_tokens, encoder_out, full_context_alignment=True)  # (B, T+2, C)
-        slots = self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (B, T+1, C)
-        content = self.output_layer(slots)  # (B, T+1, V)
-        location = slots.matmul(self.location_query.to(slots.dtype))  # (B, T+1)
-        return content, location
+        H = self.slot_states(prev_output_tokens, encoder_out)
+        return self.head(H, prev_output_tokens[:, 1:].ne(self.padding_idx), self.output_layer)
 
 
 @register_model(MODEL_NAME)
@@ -95,16 +165,30 @@ class InsertionTransformerModel(TransformerModel):
     """Encoder-decoder Insertion Transformer (Stern et al., 2019)."""
 
     @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--content-location", choices=CONTENT_LOCATION,
+                            help="factorized: p(c,l) = p(l) p(c|l) (default); joint: one softmax over all "
+                                 "(slot, token) pairs (paper: Model Variants)")
+        parser.add_argument("--context-bias", action="store_true", default=None,
+                            help="add a contextualized vocabulary bias maxpool(H) V to every slot's logits")
+        parser.add_argument("--mixture-components", type=int, metavar="K",
+                            help="mixture-of-softmaxes output layer with K components (1: off, default)")
+
+    @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         return InsertionDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens)
 
     @classmethod
     def build_model(cls, args, task):
+        base_architecture(args)
         model = super().build_model(args, task)
+        dec = model.decoder
+        dec.head = SlotHead(dec.output_embed_dim, len(task.target_dictionary), args.content_location,
+                            bool(args.context_bias), args.mixture_components)
         # the training termination decides how the generator stops; the saved
         # model args carry the criterion's options (fairseq keeps one namespace)
         model.termination = getattr(args, "termination", "slot")
-        model.tgt_dict = task.target_dictionary
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):  # type: ignore[override]
@@ -138,7 +222,8 @@ def _defaults(args, **values) -> None:
 @register_model_architecture(MODEL_NAME, "insertion_transformer")
 def base_architecture(args) -> None:
     """The paper's transformer_base: 6+6 layers, 512, 8 heads, FFN 2048."""
-    _defaults(args, share_decoder_input_output_embed=True)
+    _defaults(args, share_decoder_input_output_embed=True, content_location="factorized", context_bias=False,
+              mixture_components=1)
     transformer_base_architecture(args)
 
 

@@ -132,11 +132,11 @@ def reference_loss(content_lp, location_lp, y, keep, order, termination, tau, ep
     """
     V = content_lp.size(1)
 
-    def logp(c, l):  # log p(c, l)
-        return float(content_lp[l, c] + location_lp[l])
+    def logp(c, slot):  # log p(c, l)
+        return float(content_lp[slot, c] + location_lp[slot])
 
-    def smooth(l):  # -(1/V) sum_c log p(c, l)
-        return -sum(logp(c, l) for c in range(V)) / V
+    def smooth(slot):  # -(1/V) sum_c log p(c, l)
+        return -sum(logp(c, slot) for c in range(V)) / V
 
     n = len(y)
     kept = [i for i in range(n) if keep[i]]
@@ -147,13 +147,13 @@ def reference_loss(content_lp, location_lp, y, keep, order, termination, tau, ep
         return (1 - eps) * nll + eps * smooth(k), nll
     bounds = [-1] + kept + [n]
     slot_nlls, slot_smooths = [], []
-    for l in range(k + 1):
-        i_l, j_l = bounds[l] + 1, bounds[l + 1] - 1
+    for slot in range(k + 1):
+        i_l, j_l = bounds[slot] + 1, bounds[slot + 1] - 1
         span = list(range(i_l, j_l + 1))
         if not span:
             if termination == "sequence" and k < n:
                 continue  # undefined for empty spans: excluded
-            slot_nlls.append(-logp(EOS, l))
+            slot_nlls.append(-logp(EOS, slot))
         else:
             if order == "uniform":
                 w = [1 / len(span)] * len(span)
@@ -161,8 +161,8 @@ def reference_loss(content_lp, location_lp, y, keep, order, termination, tau, ep
                 d = [abs((i_l + j_l) / 2 - i) for i in span]
                 z = sum(math.exp(-di / tau) for di in d)
                 w = [math.exp(-di / tau) / z for di in d]
-            slot_nlls.append(sum(-logp(y[i], l) * wi for i, wi in zip(span, w)))
-        slot_smooths.append(smooth(l))
+            slot_nlls.append(sum(-logp(y[i], slot) * wi for i, wi in zip(span, w)))
+        slot_smooths.append(smooth(slot))
     nll = sum(slot_nlls) / len(slot_nlls)
     return (1 - eps) * nll + eps * sum(slot_smooths) / len(slot_smooths), nll
 

@@ -45,7 +45,7 @@ def test_generate_translates_every_line(trained, decoding):
     steps = parse_generate(proc.stdout, "I")
     pos = parse_generate(proc.stdout, "P")
     history = [line for line in proc.stdout.splitlines() if line.startswith("E-")]
-    for i, (score, text) in hyps.items():
+    for i, (_score, text) in hyps.items():
         n = len(text.split())
         assert len(pos[i][0].split()) == n + 1  # one score per token plus the final end-of-slot
         iters = int(steps[i][0])

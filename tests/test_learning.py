@@ -19,7 +19,8 @@ def test_tiny_model_learns_to_reverse(tmp_path):
         timeout=900)
     proc = run(generate_args(tmp_path / "bin", tmp_path / "ckpt" / "checkpoint_last.pt", "--decoding", "parallel",
                              "--batch-size", "64", "--print-step"))
-    hyps, refs, steps = parse_generate(proc.stdout, "H"), parse_generate(proc.stdout, "T"), parse_generate(proc.stdout, "I")
+    hyps, refs = parse_generate(proc.stdout, "H"), parse_generate(proc.stdout, "T")
+    steps = parse_generate(proc.stdout, "I")
     assert len(hyps) == len(refs) == 200
     exact = sum(hyps[i][1] == refs[i][0] for i in refs) / len(refs)
     mean_iters = statistics.mean(int(steps[i][0]) for i in hyps)

@@ -33,7 +33,8 @@ def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) ->
     cmd = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0], *map(str, cmd[1:])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
 
 
