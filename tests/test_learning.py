@@ -1,21 +1,29 @@
 """Learning test through the real CLIs: a tiny Insertion Transformer learns to
-reverse random token strings (length 4-20) and decodes them in parallel in about
-floor(log2 n) + 1 iterations."""
+reverse random strings of distinct tokens (length 4-20) and decodes them in
+parallel in about floor(log2 n) + 1 iterations."""
 
 import statistics
+
+import pytest
 
 from fairseq_insertion.generator import log2_bound
 from tests.utils import generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
 
-UPDATES = 1500
+UPDATES = 1200
+VARIANTS = {
+    "factorized": [],
+    "joint+context_bias+mos2": ["--content-location", "joint", "--context-bias", "--mixture-components", "2"],
+}
 
 
-def test_tiny_model_learns_to_reverse(tmp_path):
-    write_reverse_corpus(tmp_path / "raw", sizes=(("train", 20000), ("valid", 64), ("test", 200)), vocab=12)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_tiny_model_learns_to_reverse(tmp_path, variant):
+    write_reverse_corpus(tmp_path / "raw", sizes=(("train", 20000), ("valid", 64), ("test", 200)))
     preprocess(tmp_path / "raw", tmp_path / "bin")
     run(train_args(tmp_path / "bin", tmp_path / "ckpt", "--order", "binary_tree", "--tau", "1.0",
                    "--termination", "slot", "--max-update", str(UPDATES), "--lr", "2e-3", "--warmup-updates", "200",
-                   "--max-tokens", "4096", "--disable-validation", "--no-epoch-checkpoints", "--log-interval", "100"),
+                   "--max-tokens", "4096", "--disable-validation", "--no-epoch-checkpoints", "--log-interval", "100",
+                   *VARIANTS[variant]),
         timeout=900)
     proc = run(generate_args(tmp_path / "bin", tmp_path / "ckpt" / "checkpoint_last.pt", "--decoding", "parallel",
                              "--batch-size", "64", "--print-step"))

@@ -13,15 +13,19 @@ BIN = Path(sys.executable).parent
 
 
 def write_reverse_corpus(directory: Path, sizes=(("train", 2000), ("valid", 64), ("test", 29)),
-                         vocab: int = 16, min_len: int = 4, max_len: int = 20, seed: int = 0) -> None:
-    """Source: a random token string; target: the same string reversed."""
+                         vocab: int = 24, min_len: int = 4, max_len: int = 20, seed: int = 0) -> None:
+    """Source: a random string of distinct tokens; target: the same string reversed.
+
+    Distinct tokens keep the task well posed for an insertion model: with
+    repeats, a canvas does not say which copy of a token it holds.
+    """
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(vocab)]
     directory.mkdir(parents=True, exist_ok=True)
     for split, n in sizes:
         with open(directory / f"{split}.src", "w") as fs, open(directory / f"{split}.tgt", "w") as ft:
             for _ in range(n):
-                s = [rng.choice(words) for _ in range(rng.randint(min_len, max_len))]
+                s = rng.sample(words, rng.randint(min_len, max_len))
                 fs.write(" ".join(s) + "\n")
                 ft.write(" ".join(reversed(s)) + "\n")
 
