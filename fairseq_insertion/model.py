@@ -96,11 +96,18 @@ class SlotHead(nn.Module):
         self.K = mixture_components
         self.location_query = None if self.joint else nn.Parameter(torch.empty(dim).normal_(std=dim**-0.5))  # q
         self.context_bias = nn.Linear(dim, vocab_size, bias=False) if context_bias else None  # V
+        # the variants start out close to the base model: zero bias, uniform mixture
+        # weights, and latent contexts tanh(P_k h) with P_k near the identity
         if self.context_bias is not None:
-            nn.init.normal_(self.context_bias.weight, std=dim**-0.5)
+            nn.init.zeros_(self.context_bias.weight)
         if self.K > 1:
             self.mixture_latent = nn.Linear(dim, self.K * dim)  # P_1..P_K
             self.mixture_prior = nn.Linear(dim, self.K, bias=False)  # M
+            with torch.no_grad():
+                eye = torch.eye(dim).repeat(self.K, 1)  # (K h, h)
+                self.mixture_latent.weight.copy_(eye + 0.02 * torch.randn_like(eye))
+                self.mixture_latent.bias.zero_()
+                self.mixture_prior.weight.zero_()
 
     def forward(self, H: Tensor, real: Tensor, project: Callable[[Tensor], Tensor]) -> Tuple[Tensor, Tensor]:
         """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W."""
