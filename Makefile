@@ -11,7 +11,6 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	# CPU torch wheel first: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e ".[test,plot]"

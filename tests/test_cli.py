@@ -86,3 +86,14 @@ def test_checkpoint_loads_with_the_safe_loader(trained):
 
     state = torch.load(root / "ckpt" / "checkpoint_last.pt", weights_only=True)
     assert "model" in state and state["cfg"]["model"].arch == "insertion_transformer_tiny"
+
+
+def test_hub_interface_translates(trained):
+    root, _ = trained
+    from fairseq_insertion.model import InsertionTransformerModel
+
+    hub = InsertionTransformerModel.from_pretrained(str(root / "ckpt"), checkpoint_file="checkpoint_last.pt",
+                                                    data_name_or_path=str(root / "bin"), decoding="greedy")
+    out = hub.translate(["w1 w2 w3 w4", "w5 w6"])
+    assert len(out) == 2 and all(isinstance(s, str) for s in out)
+    assert all(tok in hub.task.target_dictionary.symbols for s in out for tok in s.split())
