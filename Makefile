@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DATA ?= ../shared/data/multi30k
+# the CPU wheel; GPU users: make install TORCH="torch==<version matching your CUDA>"
+TORCH ?= torch==2.13.0
 
 .PHONY: install test lint demo clean
 
@@ -12,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# CPU torch wheel first: an unpinned torch would pull a multi-GB CUDA build
-	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install "$(TORCH)"
 	$(PY) -m pip install -e ".[test,plot]"
 	touch $@
 
@@ -20,7 +22,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=10 tests
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/multi30k/demo.sh "$(DATA)"

@@ -1,0 +1,63 @@
+"""Decoding stops within its bound for any weights and input (property test with
+random tiny models, including one biased never to emit end-of-slot)."""
+
+import pytest
+import torch
+from fairseq import options, tasks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairseq_insertion.generator import InsertionGenerator
+from tests.utils import PLUGIN, preprocess, write_reverse_corpus
+
+MAX_POSITIONS = 16  # so the position limit (16 - 2 boundary markers) binds before --max-len-b can
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bounded")
+    write_reverse_corpus(root / "raw", sizes=(("train", 20), ("valid", 4), ("test", 4)))
+    preprocess(root / "raw", root / "bin")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(root / "bin"), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch",
+        "insertion_transformer_tiny", "--criterion", "insertion_loss", "--cpu",
+        "--max-target-positions", str(MAX_POSITIONS)])
+    task = tasks.setup_task(args)
+    return task, args
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), decoding=st.sampled_from(["parallel", "greedy"]), never_stop=st.booleans(),
+       max_len_b=st.integers(0, 30), max_iterations=st.integers(0, 20),
+       src_lengths=st.lists(st.integers(1, 12), min_size=1, max_size=4))
+def test_decoding_stops_within_the_bound(setup, seed, decoding, never_stop, max_len_b, max_iterations, src_lengths):
+    task, args = setup
+    torch.manual_seed(seed)
+    model = task.build_model(args).eval()
+    d = task.target_dictionary
+    if never_stop:  # end-of-slot never wins
+        head_forward = model.decoder.head.forward
+
+        def biased(*a, **k):
+            content, location = head_forward(*a, **k)
+            content[..., d.eos()] = -1e4
+            return content, location
+
+        model.decoder.head.forward = biased
+    B, S = len(src_lengths), max(src_lengths)
+    src = torch.randint(d.nspecial, len(d), (B, S))
+    for b, n in enumerate(src_lengths):  # left-padded, ending with eos, as fairseq batches them
+        src[b, : S - n] = d.pad()
+        src[b, -1] = d.eos()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor(src_lengths)}}
+    gen = InsertionGenerator(d, decoding=decoding, max_len_b=max_len_b, max_iterations=max_iterations)
+    hypos = gen.generate([model], sample)
+    limit = min(max_len_b, MAX_POSITIONS - 2)
+    assert len(hypos) == B
+    for [h] in hypos:
+        n = len(h["tokens"]) - 1
+        assert n <= limit and h["tokens"][-1] == d.eos()
+        assert d.eos() not in h["tokens"][:-1].tolist() and d.pad() not in h["tokens"].tolist()
+        assert h["steps"] <= (max_iterations or limit)
+        if never_stop and not max_iterations:
+            assert n == limit  # it runs until the length limit, not forever
