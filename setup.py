@@ -16,6 +16,6 @@ setup(
         "subword-nmt",
         "sacrebleu",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "ruff"], "plot": ["matplotlib"]},
+    extras_require={"test": ["pytest", "hypothesis", "ruff==0.17.6"], "plot": ["matplotlib"]},
     license="MIT",
 )
