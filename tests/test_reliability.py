@@ -1,0 +1,82 @@
+"""Distributed training, safe checkpoint loading and determinism."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fairseq_insertion  # noqa: F401  registers the safe globals, as the CLIs do
+from tests.utils import REPO, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reliability")
+    write_reverse_corpus(root / "raw", sizes=(("train", 300), ("valid", 16), ("test", 13)))
+    preprocess(root / "raw", root / "bin")
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rank_cpu_training_keeps_ranks_identical(data, tmp_path):
+    port = _free_port()
+    args = train_args(data / "bin", tmp_path / "ckpt", "--max-update", "6", "--no-epoch-checkpoints",
+                      "--distributed-world-size", "2", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                      "--distributed-backend", "gloo", "--distributed-no-spawn", "--ddp-backend", "legacy_ddp")[1:]
+    env = dict(os.environ, DUMP_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "dist_worker.py"), *map(str, args),
+                               "--distributed-rank", str(rank), "--device-id", str(rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for rank in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    assert "num_updates 6" in outs[0] or "num_updates=6" in outs[0]
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert r0.keys() == r1.keys()
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    ckpt = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", weights_only=True)
+    assert all(torch.equal(ckpt["model"][k].float(), r0[k].float()) for k in r0)
+
+
+class Payload:
+    """Pickles as a call to os.system: what a malicious checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_with_unexpected_object_is_refused(data, tmp_path):
+    run(train_args(data / "bin", tmp_path / "ckpt", "--max-update", "2", "--no-epoch-checkpoints"))
+    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", weights_only=True)
+    marker = tmp_path / "executed"
+    state["extra"] = Payload(marker)
+    torch.save(state, tmp_path / "evil.pt")
+    proc = run(generate_args(data / "bin", tmp_path / "evil.pt", "--batch-size", "4"), check=False)
+    assert proc.returncode != 0
+    assert "Weights only load failed" in proc.stderr and "system" in proc.stderr
+    assert not marker.exists()
+
+
+def test_same_seed_gives_identical_checkpoints_and_decodes(data, tmp_path):
+    states, outputs = [], []
+    for i in range(2):
+        run(train_args(data / "bin", tmp_path / f"ckpt{i}", "--max-update", "5", "--no-epoch-checkpoints",
+                       "--dropout", "0.1"))
+        states.append(torch.load(tmp_path / f"ckpt{i}" / "checkpoint_last.pt", weights_only=True)["model"])
+        out = run(generate_args(data / "bin", tmp_path / f"ckpt{i}" / "checkpoint_last.pt", "--batch-size", "5"))
+        outputs.append(parse_generate(out.stdout, "H"))
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 13
