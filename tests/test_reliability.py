@@ -1,15 +1,29 @@
-"""Distributed training, safe checkpoint loading and determinism."""
+"""Distributed training, mixed precision, resuming after SIGKILL, safe checkpoint
+loading and determinism."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
+from fairseq import options, tasks
 
 import fairseq_insertion  # noqa: F401  registers the safe globals, as the CLIs do
-from tests.utils import REPO, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+from tests.utils import (
+    BIN,
+    PLUGIN,
+    REPO,
+    generate_args,
+    parse_generate,
+    preprocess,
+    run,
+    train_args,
+    write_reverse_corpus,
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +94,45 @@ def test_same_seed_gives_identical_checkpoints_and_decodes(data, tmp_path):
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 13
+
+
+def test_bf16_autocast_keeps_slot_softmaxes_and_loss_in_fp32(data):
+    """CPU stand-in for --fp16/--bf16 (fairseq's --bf16 means TPU and fails on CPU)."""
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data / "bin"), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch",
+        "insertion_transformer_tiny", "--criterion", "insertion_loss", "--cpu", "--max-tokens", "2000"])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    model, criterion = task.build_model(args), task.build_criterion(args)
+    sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_tokens=2000).next_epoch_itr()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"],
+                           torch.tensor([[0, 5, 6, 2]]).expand(sample["target"].size(0), 4))
+        content, location = model.slot_log_probs(net_output, torch.tensor([[0, 5, 6, 2]]))
+        loss, _, log = criterion(model, sample)
+    assert content.dtype == location.dtype == torch.float32
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_training_killed_mid_epoch_resumes_to_the_same_parameters(data, tmp_path):
+    common = ("--max-update", "24", "--batch-size", "8", "--save-interval-updates", "8", "--dropout", "0.1",
+              "--no-epoch-checkpoints", "--disable-validation")
+    run(train_args(data / "bin", tmp_path / "straight", *common))
+    # same command, killed with SIGKILL right after its first mid-epoch checkpoint, then run again
+    cmd = [str(c) for c in train_args(data / "bin", tmp_path / "killed", *common)]
+    cmd[0] = str(BIN / cmd[0])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (tmp_path / "killed" / "checkpoint_1_8.pt").exists() and proc.poll() is None:
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.kill()
+    assert proc.wait() == -signal.SIGKILL  # it was still training when killed
+    log = run(train_args(data / "bin", tmp_path / "killed", *common))
+    assert "Loaded checkpoint" in log.stdout + log.stderr
+    a = torch.load(tmp_path / "straight" / "checkpoint_last.pt", weights_only=True)
+    b = torch.load(tmp_path / "killed" / "checkpoint_last.pt", weights_only=True)
+    assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 24
+    assert all(torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-6) for k in a["model"])
