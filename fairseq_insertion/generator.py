@@ -47,6 +47,7 @@ class InsertionGenerator:
         max_len_b: int = 200,
         max_iterations: int = 0,
         retain_history: bool = False,
+        src_dict=None,
     ):
         if decoding not in DECODINGS:
             raise ValueError(f"--decoding must be one of {DECODINGS}, got {decoding!r}")
@@ -59,6 +60,8 @@ class InsertionGenerator:
         self.max_iterations = int(max_iterations)
         self.retain_history = retain_history
         self.bos, self.eos, self.pad = tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad()
+        self.src_dict = src_dict if src_dict is not None else tgt_dict
+        self.src_pad, self.src_eos, self.src_unk = self.src_dict.pad(), self.src_dict.eos(), self.src_dict.unk()
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0}
         _track(self)
 
@@ -80,6 +83,10 @@ class InsertionGenerator:
 
         limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
         max_len = (src_lengths.float() * self.max_len_a + self.max_len_b).long().clamp(0, limit)  # (B,)
+        real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
+        empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output
+        max_len = max_len.masked_fill(empty, 0)
+        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
         max_iter = (self.max_iterations or int(max_len.max())) if B else 0
         termination = getattr(model, "termination", "slot")
 
@@ -146,6 +153,23 @@ class InsertionGenerator:
         return hypos
 
     # -------------------------------------------------------------- helpers
+    def _report_inputs(self, sample, src_tokens: Tensor, empty: Tensor, unknown: Tensor) -> None:
+        """Name the lines that are empty or hold unknown words (one host sync).
+
+        fairseq-generate passes sentence ids; fairseq-interactive does not, so
+        there the line is named by its text."""
+        flagged = (empty | unknown.gt(0)).nonzero().flatten().tolist()
+        if not flagged:
+            return
+        ids = sample["id"].tolist() if "id" in sample else None
+        for i in flagged:
+            text = self.src_dict.string(src_tokens[i][src_tokens[i].ne(self.src_pad)])
+            line = f"sentence {ids[i]}" if ids is not None else f"source line {text!r}"
+            if empty[i]:
+                logger.warning("%s: empty source line; its translation is empty", line)
+            else:
+                logger.warning("%s: %d unknown source word(s), read as <unk>", line, int(unknown[i]))
+
     def _hypo(self, canvas: Tensor, scores: Tensor, length: Tensor, steps: Tensor, eos_score) -> Dict:
         n = int(length)
         tokens = torch.cat([canvas[:n], canvas.new_tensor([self.eos])])

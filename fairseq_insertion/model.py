@@ -216,6 +216,24 @@ class InsertionTransformerModel(TransformerModel):
     def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """Refuse a checkpoint whose shapes differ from this model's, naming the
+        dictionaries when the embedding tables disagree (the usual cause: a data
+        directory other than the one the model was trained with)."""
+        own = self.state_dict()
+        wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
+                 if k in own and own[k].shape != v.shape]
+        if wrong:
+            files = getattr(self, "dictionary_files", {})
+            details = "; ".join(f"{k}: checkpoint {a}, model {b}" for k, a, b in wrong[:4])
+            hint = ""
+            if any("embed_tokens" in k or "output_projection" in k for k, _, _ in wrong):
+                hint = (f" The dictionaries ({', '.join(files.values()) or 'of the data directory'}) have "
+                        f"{len(self.encoder.dictionary)} source / {len(self.decoder.dictionary)} target entries, "
+                        "not the ones the checkpoint was trained with: use the data directory it was trained on.")
+            raise ValueError(f"checkpoint does not match the model ({details}).{hint}")
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
 
 # ----------------------------------------------------------------------------
 # Architectures

@@ -2,7 +2,9 @@
 options; builds the :class:`InsertionGenerator` and never drops a sentence."""
 
 
+import io
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +42,39 @@ class InsertionTranslationTask(TranslationTask):
     """Translation with an Insertion Transformer."""
 
     cfg: InsertionTranslationConfig
+    training = False  # set by build_criterion: only fairseq-train builds one
+
+    def build_criterion(self, cfg, from_checkpoint: bool = False):
+        self.training = True
+        return super().build_criterion(cfg, from_checkpoint)
+
+    def build_model(self, cfg, from_checkpoint: bool = False):
+        model = super().build_model(cfg, from_checkpoint)
+        model.dictionary_files = {
+            side: f"{self.cfg.data.split(':')[0]}/dict.{lang}.txt"
+            for side, lang in (("source", self.cfg.source_lang), ("target", self.cfg.target_lang))
+        }
+        return model
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        """In training, fairseq's rule (raise, or skip with
+        --skip-invalid-size-inputs-valid-test). In generate/interactive, a line
+        too long for the model is skipped with an error naming it, and every
+        other line is translated."""
+        if self.training:
+            return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+        indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
+        for i in ignored:
+            start = self.source_dictionary.string(dataset.src[i][:6])
+            logger.error("sentence %d (%r ...): %d source tokens exceed the model's limit (max positions %s); "
+                         "skipped, not translated", i, start, dataset.src_sizes[i], max_positions)
+        if len(ignored):
+            logger.error("skipped %d over-long sentence(s): ids %s", len(ignored), list(map(int, ignored)))
+        return indices
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
+        _tolerate_invalid_utf8_stdin()
         return InsertionGenerator(
             self.target_dictionary,
             decoding=str(self.cfg.decoding),
@@ -51,6 +83,7 @@ class InsertionTranslationTask(TranslationTask):
             max_len_b=getattr(args, "max_len_b", 200),
             max_iterations=self.cfg.max_iterations,
             retain_history=getattr(args, "retain_iter_history", False),
+            src_dict=self.source_dictionary,
         )
 
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
@@ -82,3 +115,13 @@ def keep_remainder_batch(dataset: FairseqDataset) -> None:
 
     batch_all.keeps_remainder = True  # type: ignore[attr-defined]
     dataset.batch_by_size = batch_all
+
+
+def _tolerate_invalid_utf8_stdin() -> None:
+    """fairseq-interactive decodes standard input strictly: one invalid UTF-8
+    byte would end the run. Replace such bytes with U+FFFD instead; the word
+    holding it is then unknown, and the generator names its line."""
+    stdin = sys.stdin
+    if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
+        stdin.reconfigure(errors="replace")
+        logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")

@@ -1,0 +1,59 @@
+"""Bad input in fairseq-generate and fairseq-interactive: empty lines, over-long
+lines, unknown words, invalid UTF-8 and a dictionary that does not match the
+checkpoint. Each is named in a message; every other line is translated."""
+
+import pytest
+
+from tests.utils import PLUGIN, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+
+LONG = " ".join(f"w{i % 24}" for i in range(40))  # 41 tokens with eos: over --max-source-positions 30
+TEST = ["w1 w2 w3", "", LONG, "w4 zz1 w5 zz2", "w6 w7"]  # ids 1 empty, 2 too long, 3 two unknown words
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("badinput")
+    write_reverse_corpus(root / "raw", sizes=(("train", 200), ("valid", 8), ("test", 2)))
+    for side, lines in (("src", TEST), ("tgt", [" ".join(reversed(x.split())) for x in TEST])):
+        (root / "raw" / f"test.{side}").write_text("\n".join(lines) + "\n")
+    preprocess(root / "raw", root / "bin")
+    run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"))
+    return root
+
+
+def test_generate_names_bad_lines_and_translates_the_rest(trained):
+    proc = run(generate_args(trained / "bin", trained / "ckpt" / "checkpoint_last.pt", "--batch-size", "8",
+                             "--max-source-positions", "30"))
+    log = proc.stdout + proc.stderr
+    assert sorted(map(int, parse_generate(proc.stdout, "H"))) == [0, 1, 3, 4]  # all but the over-long line
+    assert "sentence 2 ('w0 w1 w2 w3 w4 w5' ...): 41 source tokens exceed" in log
+    assert "skipped 1 over-long sentence(s): ids [2]" in log
+    assert "sentence 1: empty source line" in log
+    assert parse_generate(proc.stdout, "H")["1"][1] == ""
+    assert "sentence 3: 2 unknown source word(s)" in log
+
+
+def test_interactive_names_bad_lines_and_translates_the_rest(trained):
+    lines = ["w1 w2 w3", "", LONG, "w4 zz1 w5", "w6 \udcff w7"]
+    stdin = "\n".join(lines).encode("utf-8", "surrogateescape") + b"\n"  # line 4 holds an invalid byte
+    proc = run(["fairseq-interactive", trained / "bin", "--user-dir", PLUGIN, "--task", "insertion_translation",
+                "--path", trained / "ckpt" / "checkpoint_last.pt", "--cpu", "--source-lang", "src",
+                "--target-lang", "tgt", "--buffer-size", "8", "--batch-size", "8", "--max-source-positions", "30"],
+               input=stdin.decode("latin-1"), encoding="latin-1")
+    log = proc.stdout + proc.stderr
+    assert sorted(map(int, parse_generate(proc.stdout, "H"))) == [0, 1, 3, 4]
+    assert "41 source tokens exceed" in log and "ids [2]" in log
+    assert "source line '': empty source line" in log
+    assert "source line 'w4 <unk> w5': 1 unknown source word(s)" in log
+    assert "source line 'w6 <unk> w7': 1 unknown source word(s)" in log  # the invalid byte, as U+FFFD
+
+
+def test_dictionary_mismatch_is_named(trained, tmp_path):
+    other = tmp_path / "other"
+    write_reverse_corpus(other / "raw", sizes=(("train", 50), ("valid", 4), ("test", 4)), vocab=40)
+    preprocess(other / "raw", other / "bin")
+    proc = run(generate_args(other / "bin", trained / "ckpt" / "checkpoint_last.pt", "--batch-size", "4"),
+               check=False)
+    assert proc.returncode != 0
+    assert "checkpoint does not match the model" in proc.stderr
+    assert str(other / "bin" / "dict.src.txt") in proc.stderr
