@@ -187,7 +187,8 @@ class InsertionGenerator:
         s = self.stats
         s["sentences"] += lengths.numel()
         s["iterations"] += int(iterations.sum())
-        s["log2_bound"] += int(sum(log2_bound(int(n)) for n in lengths.tolist()))
+        powers = 2 ** torch.arange(32, device=lengths.device)  # floor(log2 n)+1 = #{j : 2^j <= n}
+        s["log2_bound"] += int((lengths.unsqueeze(1) >= powers).sum())
         s["tokens"] += int(lengths.sum())
         s["forward_passes"] += passes
 

@@ -173,3 +173,11 @@ def test_bad_options_are_named():
         InsertionGenerator(d, decoding="beam")
     with pytest.raises(ValueError, match="max-iterations"):
         InsertionGenerator(d, max_iterations=-1)
+
+
+def test_summary_counts_the_log2_bound_exactly():
+    d = make_dict()
+    gen = InsertionGenerator(d)
+    lengths = torch.tensor([0, 1, 2, 3, 4, 7, 8, 1023, 1024])
+    gen._update_stats(lengths, torch.zeros_like(lengths), 1)
+    assert gen.stats["log2_bound"] == sum(log2_bound(int(n)) for n in lengths) == 0 + 1 + 2 + 2 + 3 + 3 + 4 + 10 + 11
