@@ -33,7 +33,6 @@ def write_reverse_corpus(directory: Path, sizes=(("train", 2000), ("valid", 64),
 def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     """Run a CLI from the test environment's bin directory, capturing output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     cmd = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0], *map(str, cmd[1:])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
     if check and proc.returncode != 0:
