@@ -186,7 +186,8 @@ def insertion_loss(
     slots = slot_mask(k, S)  # (B, S)
     loc = location_lprobs.float()
     eos_nll = -(content_lprobs[:, :, eos].float() + loc)  # (B, S)
-    smooth = -(content_lprobs.float().mean(-1) + loc)  # (B, S)
+    # -(1/V) sum_c log p(c, l): a full pass over (B, S, V), so only when smoothing is on
+    smooth = -(content_lprobs.float().mean(-1) + loc) if eps > 0 else None  # (B, S)
 
     if order == "left_to_right":
         # next token y_{k+1} (or end-of-sequence when complete) in the rightmost slot k
@@ -194,8 +195,9 @@ def insertion_loss(
         nxt = torch.where(k < target_lengths, nxt, torch.full_like(nxt, eos))  # (B,)
         lp = content_lprobs[torch.arange(B, device=k.device), k]  # (B, V)
         nll = -(lp.float().gather(1, nxt.unsqueeze(1)).squeeze(1) + loc.gather(1, k.unsqueeze(1)).squeeze(1))
-        sm = smooth.gather(1, k.unsqueeze(1)).squeeze(1)
-        return (1 - eps) * nll + eps * sm, nll
+        if smooth is None:
+            return nll, nll
+        return (1 - eps) * nll + eps * smooth.gather(1, k.unsqueeze(1)).squeeze(1), nll
 
     valid = torch.arange(N, device=target.device).unsqueeze(0) < target_lengths.unsqueeze(1)
     missing = valid & ~keep  # (B, N)
@@ -218,11 +220,12 @@ def insertion_loss(
         counted = torch.where(complete, slots, nonempty)
     slot_nll = torch.where(empty, eos_nll, slot_nll)
     slot_nll = torch.where(counted, slot_nll, torch.zeros_like(slot_nll))
-    slot_smooth = torch.where(counted, smooth, torch.zeros_like(smooth))
     n_counted = counted.sum(1).clamp(min=1).float()
     nll = slot_nll.sum(1) / n_counted
-    loss = (1 - eps) * nll + eps * slot_smooth.sum(1) / n_counted
-    return loss, nll
+    if smooth is None:
+        return nll, nll
+    slot_smooth = torch.where(counted, smooth, torch.zeros_like(smooth))
+    return (1 - eps) * nll + eps * slot_smooth.sum(1) / n_counted, nll
 
 
 # ----------------------------------------------------------------------------
