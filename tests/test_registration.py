@@ -5,7 +5,6 @@ import logging
 
 import pytest
 import torch
-from fairseq import options, tasks
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_INV_REGISTRY,
@@ -18,7 +17,7 @@ from fairseq.models.nat.insertion_transformer import InsertionTransformerModel a
 
 import fairseq_insertion  # noqa: F401
 from fairseq_insertion import model as M
-from tests.utils import PLUGIN, preprocess, write_reverse_corpus
+from tests.utils import build_task, preprocess, write_reverse_corpus
 
 ARCHS = {
     # arch: (encoder layers, decoder layers, dim, heads, ffn)
@@ -79,12 +78,7 @@ def data(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_arch_builds_the_plugin_model_with_its_sizes(data, arch):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch", arch,
-        "--criterion", "insertion_loss", "--cpu",
-    ])
-    task = tasks.setup_task(args)
+    task, args = build_task(data, "--arch", arch)
     model = task.build_model(args)
     assert type(model) is M.InsertionTransformerModel
     enc_layers, dec_layers, dim, heads, ffn = ARCHS[arch]
@@ -103,11 +97,8 @@ def test_arch_builds_the_plugin_model_with_its_sizes(data, arch):
 
 def test_decoder_self_attention_is_not_causal(data):
     """Changing a canvas token to the right changes the leftmost slot's scores."""
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch", "insertion_transformer_tiny",
-        "--criterion", "insertion_loss", "--cpu"])
-    model = tasks.setup_task(args).build_model(args).eval()
+    task, args = build_task(data)
+    model = task.build_model(args).eval()
     src = torch.tensor([[5, 6, 7, 2]])
     a = model(src, torch.tensor([4]), torch.tensor([[0, 5, 6, 2]]))[0][0, 0]
     b = model(src, torch.tensor([4]), torch.tensor([[0, 5, 8, 2]]))[0][0, 0]

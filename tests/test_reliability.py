@@ -10,13 +10,12 @@ import time
 
 import pytest
 import torch
-from fairseq import options, tasks
 
 import fairseq_insertion  # noqa: F401  registers the safe globals, as the CLIs do
 from tests.utils import (
     BIN,
-    PLUGIN,
     REPO,
+    build_task,
     generate_args,
     parse_generate,
     preprocess,
@@ -98,10 +97,7 @@ def test_same_seed_gives_identical_checkpoints_and_decodes(data, tmp_path):
 
 def test_bf16_autocast_keeps_slot_softmaxes_and_loss_in_fp32(data):
     """CPU stand-in for --fp16/--bf16 (fairseq's --bf16 means TPU and fails on CPU)."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data / "bin"), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch",
-        "insertion_transformer_tiny", "--criterion", "insertion_loss", "--cpu", "--max-tokens", "2000"])
-    task = tasks.setup_task(args)
+    task, args = build_task(data / "bin", "--max-tokens", 2000)
     task.load_dataset("train")
     model, criterion = task.build_model(args), task.build_criterion(args)
     sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_tokens=2000).next_epoch_itr()))

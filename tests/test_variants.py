@@ -8,11 +8,10 @@ import re
 
 import pytest
 import torch
-from fairseq import options, tasks
 
 from fairseq_insertion import canvas as C
 from tests.test_canvas import reference_loss
-from tests.utils import PLUGIN, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+from tests.utils import build_task, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
 
 COMBOS = list(itertools.product([False, True], [False, True], [1, 2]))  # joint, context bias, K
 
@@ -36,10 +35,7 @@ def data(tmp_path_factory):
 
 
 def build(data, *flags):
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data / "bin"), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch",
-        "insertion_transformer_tiny", "--criterion", "insertion_loss", "--cpu", *flags])
-    task = tasks.setup_task(args)
+    task, args = build_task(data / "bin", *flags)
     torch.manual_seed(0)
     return task, task.build_model(args).eval()
 

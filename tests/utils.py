@@ -68,3 +68,13 @@ def parse_generate(stdout: str, prefix: str = "H") -> dict:
             head, *rest = line.split("\t")
             out[head[len(prefix) + 1:]] = rest
     return out
+
+
+def build_task(data: Path, *flags):
+    """(task, args) for a tiny insertion model on ``data``, parsed as fairseq-train would."""
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch", "insertion_transformer_tiny",
+        "--criterion", "insertion_loss", "--cpu", *map(str, flags)])
+    return tasks.setup_task(args), args
