@@ -30,12 +30,21 @@ class InsertionLossConfig(FairseqDataclass):
     label_smoothing: float = field(
         default=0.0, metadata={"help": "mix this much of a uniform content distribution into each slot's target"}
     )
+    canvases_per_sentence: int = field(
+        default=1,
+        metadata={"help": "sample K independent canvases per sentence, sharing one encoder pass; a sentence's "
+                  "loss is the mean over its K canvases"},
+    )
 
 
 @register_criterion("insertion_loss", dataclass=InsertionLossConfig)
 class InsertionLoss(FairseqCriterion):
-    def __init__(self, task, order="binary_tree", tau=1.0, termination="slot", label_smoothing=0.0):
+    def __init__(self, task, order="binary_tree", tau=1.0, termination="slot", label_smoothing=0.0,
+                 canvases_per_sentence=1):
         super().__init__(task)
+        if not (isinstance(canvases_per_sentence, int) and canvases_per_sentence >= 1):
+            raise ValueError(f"--canvases-per-sentence must be an integer >= 1, got {canvases_per_sentence!r}")
+        self.canvases_per_sentence = canvases_per_sentence
         if order == "binary_tree" and not tau > 0:
             raise ValueError(f"--tau must be > 0 for --order binary_tree, got {tau}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -51,18 +60,27 @@ class InsertionLoss(FairseqCriterion):
         N = target.size(1)
         real = torch.arange(N, device=target.device).unsqueeze(0) < lengths.unsqueeze(1)
         y = target.masked_fill(~real, self.pad)  # (B, N) eos removed
+        B, R = target.size(0), self.canvases_per_sentence
+        if R > 1:  # R canvases per sentence: canvas j of sentence b is row j B + b
+            y, lengths = y.repeat(R, 1), lengths.repeat(R)  # (R B, N), (R B,)
 
-        keep = C.sample_canvas(lengths, N, self.order)  # (B, N)
-        canvas, k = C.gather_canvas(y, keep, self.pad)  # (B, K), (B,)
-        framed = C.frame(canvas, k, self.bos, self.eos, self.pad)  # (B, K+2)
+        keep = C.sample_canvas(lengths, N, self.order)  # (R B, N)
+        canvas, k = C.gather_canvas(y, keep, self.pad)  # (R B, K), (R B,)
+        framed = C.frame(canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
 
-        net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], framed)
-        content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (B, K+1, V), (B, K+1)
+        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+        if R > 1:  # one encoder pass over the B sentences, repeated R times inside the model
+            net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)
+        else:
+            net_output = model(src_tokens, src_lengths, framed)
+        content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (R B, K+1, V), (R B, K+1)
         loss, nll = C.insertion_loss(
             content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos, self.tau, self.eps
-        )
+        )  # (R B,) each
         fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(), torch.ones_like(k, dtype=torch.float))
-        nsentences = target.size(0)
+        if R > 1:  # a sentence's loss is the mean over its R canvases: (R B,) -> (B,)
+            loss, nll, fill = (x.view(R, B).mean(0) for x in (loss, nll, fill))
+        nsentences = B
         logging_output = {
             "loss": loss.sum().data,
             "nll_loss": nll.sum().data,
