@@ -257,3 +257,91 @@ def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Te
     ins_pos = torch.where(insert_mask, l_idx + before - ins, torch.full_like(l_idx.expand(B, S), width))
     out.scatter_(1, ins_pos, slot_tokens.to(out.dtype))
     return out[:, :width], new_lengths
+
+
+# ----------------------------------------------------------------------------
+# Hard constraints and templates (the initial canvas is given)
+# ----------------------------------------------------------------------------
+def constraint_canvas(packed: Tensor, gap: int, pad: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The initial canvas of a constrained decode, from fairseq's packed constraints.
+
+    packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints``
+    form: ``[m, c_1 tokens, 0, c_2 tokens, 0, ..., 0 ...]`` (m constraints, each
+    followed by a 0). A ``gap`` token inside a constraint marks an open slot
+    (a template's ``___``); it is not put on the canvas.
+
+    Which slots are closed (never receive an insertion): the slot between two
+    adjacent tokens of one constraint, unless a gap separates them; the slot
+    before the first token (slot 0) when the first constraint is a template
+    (holds a gap) that does not start with a gap; the last slot when the last
+    constraint is a template that does not end with a gap. Slots between
+    constraints are open.
+
+    Returns canvas (B, K) padded with ``pad``, lengths (B,), closed_before
+    (B, K) (True: the slot just before token j is closed), closed_end (B,)
+    (the last slot is closed) and segment (B, K) (the index of the
+    constraint each token comes from).
+    """
+    B = packed.size(0)
+    m = packed[:, 0] if packed.size(1) > 0 else packed.new_zeros(B)  # (B,)
+    body = torch.nn.functional.pad(packed[:, 1:], (0, 1), value=0)  # (B, M) a final 0 closes a truncated row
+    sep = body.eq(0)
+    segment = sep.long().cumsum(1) - sep.long()  # (B, M) constraint index of every position
+    inside = segment < m.unsqueeze(1)
+    is_gap = body.eq(gap) & ~sep & inside
+    real = ~sep & inside & ~is_gap  # (B, M) tokens that go on the canvas
+    glued = real & torch.nn.functional.pad(real[:, :-1], (1, 0), value=False)  # real and preceded by a real token
+    # templates anchor the sentence start / end
+    first_template = (is_gap & segment.eq(0)).any(1)  # (B,)
+    last_template = (is_gap & segment.eq((m - 1).unsqueeze(1))).any(1)  # (B,)
+    closes_last = sep & (segment + 1).eq(m.unsqueeze(1))  # (B, M) the 0 that ends the last constraint
+    last_pos = (closes_last.long().argmax(1) - 1).clamp(min=0)  # (B,) its last position
+    ends_with_gap = is_gap.gather(1, last_pos.unsqueeze(1)).squeeze(1)
+    closed_start = first_template & ~is_gap[:, 0]  # (B,)
+    closed_end = last_template & ~ends_with_gap & m.gt(0)
+    canvas, lengths = gather_canvas(body, real, pad)
+    keep_pos = gather_canvas(torch.arange(body.size(1), device=body.device).expand_as(body), real, 0)[0]  # (B, K)
+    first = torch.arange(canvas.size(1), device=body.device).unsqueeze(0).eq(0)  # (1, K)
+    closed_before = glued.gather(1, keep_pos) | (first & closed_start.unsqueeze(1))
+    closed_before &= slot_mask(lengths - 1, canvas.size(1))  # False on padding
+    return canvas, lengths, closed_before, closed_end, segment.gather(1, keep_pos)
+
+
+def closed_slots(closed_before: Tensor, closed_end: Tensor, lengths: Tensor, num_slots: int) -> Tensor:
+    """(B, S) True at the closed slots: slot l < k is the slot before token l,
+    slot k the last one. closed_before: (B, K) with K < S; closed_end: (B,)."""
+    B, K = closed_before.shape
+    closed = torch.nn.functional.pad(closed_before, (0, num_slots - K), value=False)  # (B, S)
+    return closed.scatter(1, lengths.unsqueeze(1), closed_end.unsqueeze(1))
+
+
+def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
+    """A permutation of canvas columns that puts whole constraints in order of ``key``.
+
+    segment: (B, K) constraint index of each canvas token; key: (B, G) one
+    sort key per constraint (ties keep the given order). Tokens of one
+    constraint stay together and in order. Returns (B, K) indices for
+    ``gather`` on the canvas (padding stays last).
+    """
+    B, K = segment.shape
+    G = key.size(1)
+    seg_rank = (key * (G + 1) + torch.arange(G, device=key.device)).argsort(1).argsort(1)  # (B, G)
+    tok_rank = seg_rank.gather(1, segment.clamp(0, max(G - 1, 0))) if G > 0 else segment
+    j = torch.arange(K, device=segment.device).unsqueeze(0)
+    real = j < lengths.unsqueeze(1)
+    token_key = torch.where(real, tok_rank * (K + 1) + j, (G + 1) * (K + 1) + j)  # (B, K)
+    return token_key.argsort(1)
+
+
+def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
+    """Index of the first occurrence of each ``query`` token in ``tokens``.
+
+    tokens: (B, T) with real lengths (B,); query: (B, G). Returns (B, G), ``T + g``
+    where query token g does not occur (so absent ones sort last, in order).
+    """
+    T, G = tokens.size(1), query.size(1)
+    valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+    hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
+    found = hit.any(2)
+    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)
+    return torch.where(found, hit.long().argmax(2), absent)

@@ -6,7 +6,7 @@ import io
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, Optional
 
 import numpy as np
 from fairseq.data import FairseqDataset
@@ -14,6 +14,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from .constraints import ConstraintEncoder, ConstraintsFile
 from .generator import DECODINGS, InsertionGenerator
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ class InsertionTranslationConfig(TranslationConfig):
         metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
                   "min(max_len_a * src_len + max_len_b, max target positions - 2))"},
     )
+    constraints_file: Optional[str] = field(
+        default=None,
+        metadata={"help": "fairseq-generate: hard constraints for the test set, one line per sentence id, "
+                  "constraints separated by tabs (___ marks a template gap); they go through --tokenizer/--bpe "
+                  "when given, else must already be tokenised and BPE'd like the target. Order: --constraints"},
+    )
 
 
 @register_task("insertion_translation", dataclass=InsertionTranslationConfig)
@@ -43,6 +50,13 @@ class InsertionTranslationTask(TranslationTask):
 
     cfg: InsertionTranslationConfig
     training = False  # set by build_criterion: only fairseq-train builds one
+
+    def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.constraint_order: Optional[str] = None  # generation --constraints, set by build_generator
+        self.constraints_file: Optional[ConstraintsFile] = None
+        self._encoders: Dict[str, Any] = {}  # the tokenizer and BPE fairseq built through this task
+        self._encoding = {"encoding_source": False}  # see ConstraintEncoder
 
     def build_criterion(self, cfg, from_checkpoint: bool = False):
         self.training = True
@@ -75,6 +89,10 @@ class InsertionTranslationTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
         _tolerate_invalid_utf8_stdin()
+        self.constraint_order = getattr(args, "constraints", None)
+        if self.cfg.constraints_file:
+            self.constraints_file = ConstraintsFile(self.cfg.constraints_file,
+                                                    {split: len(ds) for split, ds in self.datasets.items()})
         return InsertionGenerator(
             self.target_dictionary,
             decoding=str(self.cfg.decoding),
@@ -84,7 +102,42 @@ class InsertionTranslationTask(TranslationTask):
             max_iterations=self.cfg.max_iterations,
             retain_history=getattr(args, "retain_iter_history", False),
             src_dict=self.source_dictionary,
+            constraint_order=self.constraint_order,
         )
+
+    # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (constraints.py)
+    def build_tokenizer(self, args):
+        return self._constraint_encoder("tokenizer", super().build_tokenizer(args), last=False)
+
+    def build_bpe(self, args):
+        return self._constraint_encoder("bpe", super().build_bpe(args), last=True)
+
+    def _constraint_encoder(self, kind: str, inner, last: bool):
+        """Record the encoder (--constraints-file uses it); with --constraints, wrap it so that template gaps
+        survive fairseq-interactive's encoding of constraints (built after build_generator)."""
+        self._encoders[kind] = inner
+        if not self.constraint_order or self.cfg.constraints_file:
+            return inner
+        return ConstraintEncoder(inner, self.target_dictionary, last, self._encoding)
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        self._encoding["encoding_source"] = True
+        try:
+            return super().get_interactive_tokens_and_lengths(lines, encode_fn)
+        finally:
+            self._encoding["encoding_source"] = False
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        if constraints is None and self.constraints_file is not None:
+            tok, bpe = self._encoders.get("tokenizer"), self._encoders.get("bpe")
+
+            def encode_fn(x: str) -> str:
+                x = tok.encode(x) if tok is not None else x
+                return bpe.encode(x) if bpe is not None else x
+
+            constraints = self.constraints_file.packed(sample["id"].tolist(), encode_fn, self.target_dictionary)
+            constraints = constraints.to(sample["net_input"]["src_tokens"].device)
+        return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
         keep_remainder_batch(dataset)
