@@ -16,9 +16,11 @@ Content-location distribution: factorized, ``p(c, l) = p(l) p(c | l)`` with
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+from fairseq import checkpoint_utils
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_INV_REGISTRY,
@@ -181,6 +183,10 @@ class InsertionTransformerModel(TransformerModel):
                             help="add a contextualized vocabulary bias maxpool(H) V to every slot's logits")
         parser.add_argument("--mixture-components", type=int, metavar="K",
                             help="mixture-of-softmaxes output layer with K components (1: off, default)")
+        parser.add_argument("--init-from-transformer", metavar="PATH",
+                            help="warm start: copy the encoder, decoder layers and embeddings from this fairseq "
+                                 "transformer checkpoint (same dictionary and sizes) when training starts; "
+                                 "ignored when resuming and when loading a trained insertion checkpoint")
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -198,8 +204,14 @@ class InsertionTransformerModel(TransformerModel):
         model.termination = getattr(args, "termination", "slot")
         return model
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):  # type: ignore[override]
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, canvases_per_sentence: int = 1,
+                **kwargs):  # type: ignore[override]
+        """src_tokens: (B, T_src); prev_output_tokens: framed canvases (K B, T+2), canvas ``j`` of
+        sentence ``b`` in row ``j B + b``. The encoder runs once; its output is repeated K times."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        if canvases_per_sentence > 1:
+            order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat(canvases_per_sentence)
+            encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)  # batch B -> K B
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 
     def slot_log_probs(self, net_output: Tuple[Tensor, Tensor], canvas: Tensor) -> Tuple[Tensor, Tensor]:
@@ -233,6 +245,122 @@ class InsertionTransformerModel(TransformerModel):
                         "not the ones the checkpoint was trained with: use the data directory it was trained on.")
             raise ValueError(f"checkpoint does not match the model ({details}).{hint}")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+# ----------------------------------------------------------------------------
+# Warm start from an autoregressive fairseq Transformer (--init-from-transformer)
+# ----------------------------------------------------------------------------
+def _restore_checkpoint(args: Any) -> Optional[str]:
+    """The checkpoint fairseq-train will restore after building the model, if one exists.
+
+    Mirrors ``fairseq.checkpoint_utils.load_checkpoint``: ``--restore-file`` (default
+    ``<save-dir>/checkpoint_last<suffix>.pt``).
+    """
+    restore, save_dir = getattr(args, "restore_file", None), getattr(args, "save_dir", None)
+    if restore is None or save_dir is None:
+        return None
+    if restore == "checkpoint_last.pt":
+        restore = os.path.join(save_dir, f"checkpoint_last{getattr(args, 'checkpoint_suffix', '') or ''}.pt")
+    return restore if os.path.exists(restore) else None
+
+
+def warm_start(model: "InsertionTransformerModel", args: Any) -> None:
+    """Apply ``--init-from-transformer`` to a freshly built model at the start of training.
+
+    Skipped when fairseq-train is about to restore a checkpoint (resuming): the
+    restored weights replace these anyway, and the teacher file is not needed.
+    Never called for a model loaded from a checkpoint (generate, interactive, hub).
+    """
+    path = getattr(args, "init_from_transformer", None)
+    if not path:
+        return
+    restored = _restore_checkpoint(args)
+    if restored is not None:
+        logger.info("--init-from-transformer %s not applied: resuming from %s", path, restored)
+        return
+    for other in ("finetune_from_model", "continue_once"):
+        if getattr(args, other, None):
+            raise ValueError(f"--init-from-transformer {path} and --{other.replace('_', '-')} "
+                             f"{getattr(args, other)} both set the initial weights; pass only one")
+    init_from_transformer(model, path)
+
+
+def _teacher_state(path: str) -> Dict[str, Tensor]:
+    """The model state dict of a fairseq ``transformer`` checkpoint, loaded with the safe loader."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--init-from-transformer {path}: no such file")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except Exception as e:  # unpickling, not a torch file, refused by the safe loader, ...
+        raise ValueError(f"--init-from-transformer {path}: cannot be read as a fairseq checkpoint "
+                         f"({type(e).__name__}: {e})") from e
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_cfg = cfg.get("model") if cfg is not None else None
+    arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
+    if not isinstance(state.get("model"), dict) or arch is None:
+        raise ValueError(f"--init-from-transformer {path}: not a fairseq model checkpoint (no model weights "
+                         "and architecture)")
+    name = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
+    if name != "transformer":
+        raise ValueError(f"--init-from-transformer {path}: trained with --arch {arch} (model {name!r}), not "
+                         "fairseq's autoregressive transformer (--arch transformer or transformer_*)")
+    return state["model"]
+
+
+def init_from_transformer(model: "InsertionTransformerModel", path: str) -> Dict[str, List[str]]:
+    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match.
+
+    Raises ``ValueError`` listing every tensor whose shape differs (typically:
+    another dictionary or other layer sizes). Tensors new in the insertion model
+    (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh
+    initialisation and are named in one log line; teacher tensors the insertion
+    model lacks are named in a warning. Where the insertion model ties tensors
+    the teacher keeps separate (shared embeddings), the first name's value is
+    used and a warning says so. Returns the names: copied, new, unused.
+    """
+    theirs = _teacher_state(path)
+    own = model.state_dict(keep_vars=True)  # name -> the Parameter / buffer itself (tied: same object)
+    wrong = [(k, tuple(theirs[k].shape), tuple(v.shape)) for k, v in own.items()
+             if k in theirs and theirs[k].shape != v.shape]
+    if wrong:
+        details = "; ".join(f"{k}: teacher {a}, insertion model {b}" for k, a, b in wrong)
+        hint = ""
+        if any("embed_tokens" in k or "output_projection" in k for k, _, _ in wrong):
+            hint = (f" The data directory's dictionaries have {len(model.encoder.dictionary)} source / "
+                    f"{len(model.decoder.dictionary)} target entries: train the insertion model on the teacher's "
+                    "data directory.")
+        raise ValueError(f"--init-from-transformer {path}: {len(wrong)} tensor(s) differ in shape from the "
+                         f"insertion model's ({details}).{hint} Use the teacher's dictionary and sizes.")
+    copied: List[str] = []
+    new = [k for k in own if k not in theirs]
+    unused = [k for k in theirs if k not in own]
+    groups: Dict[int, List[str]] = {}  # tied tensors share one object
+    for k, v in own.items():
+        groups.setdefault(id(v), []).append(k)
+    n_params = 0
+    with torch.no_grad():
+        for names in groups.values():
+            sources = [k for k in names if k in theirs]
+            if not sources:
+                continue
+            target = own[sources[0]]
+            differ = [k for k in sources[1:] if not torch.equal(theirs[k], theirs[sources[0]])]
+            if differ:
+                logger.warning("--init-from-transformer: %s are one tensor in the insertion model but differ in the "
+                               "teacher; initialised from the teacher's %s", ", ".join(sources), sources[0])
+            target.copy_(theirs[sources[0]].to(dtype=target.dtype))
+            copied.extend(sources)
+            if isinstance(target, nn.Parameter):
+                n_params += target.numel()
+    if not any(isinstance(own[k], nn.Parameter) for k in copied):
+        raise ValueError(f"--init-from-transformer {path}: no parameter of the teacher matches the insertion "
+                         "model's by name")
+    logger.info("--init-from-transformer %s: copied %d tensors (%d parameters); new in the insertion model, "
+                "freshly initialised: %s", path, len(copied), n_params, ", ".join(new) or "none")
+    if unused:
+        logger.warning("--init-from-transformer %s: teacher tensors the insertion model has no place for, not "
+                       "used: %s", path, ", ".join(unused))
+    return {"copied": copied, "new": new, "unused": unused}
 
 
 # ----------------------------------------------------------------------------

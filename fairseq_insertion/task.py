@@ -16,6 +16,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from .constraints import ConstraintEncoder, ConstraintsFile
 from .generator import DECODINGS, InsertionGenerator
+from .model import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class InsertionTranslationTask(TranslationTask):
             side: f"{self.cfg.data.split(':')[0]}/dict.{lang}.txt"
             for side, lang in (("source", self.cfg.source_lang), ("target", self.cfg.target_lang))
         }
+        if not from_checkpoint:  # a trained checkpoint never needs --init-from-transformer's file again
+            warm_start(model, cfg)
         return model
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):

@@ -1,0 +1,153 @@
+"""``--init-from-transformer``: warm start from a plain fairseq ``transformer``
+checkpoint trained on the same data directory."""
+
+import logging
+import re
+import shutil
+
+import pytest
+import torch
+
+from tests.utils import build_task, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+
+TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+        "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4"]
+NEW = ["decoder.slot_proj.weight", "decoder.slot_proj.bias", "decoder.head.location_query"]
+
+
+def train_teacher(data, save_dir, *extra):
+    run(["fairseq-train", data, "--task", "translation", "--arch", "transformer", *TINY, "--criterion",
+         "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2000",
+         "--max-update", "3", "--save-dir", save_dir, "--no-epoch-checkpoints", "--cpu", "--seed", "1", *extra])
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm")
+    write_reverse_corpus(root / "raw", sizes=(("train", 200), ("valid", 16), ("test", 11)))
+    preprocess(root / "raw", root / "bin")
+    return root
+
+
+@pytest.fixture(scope="module")
+def teacher(data):
+    """A transformer trained for 3 updates with --share-all-embeddings."""
+    return train_teacher(data / "bin", data / "teacher", "--share-all-embeddings")
+
+
+def teacher_weights(path):
+    import fairseq_insertion  # noqa: F401  registers the safe globals
+
+    return torch.load(path, weights_only=True)["model"]
+
+
+def build(data, tmp_path, *flags):
+    task, args = build_task(data / "bin", "--save-dir", tmp_path / "ckpt", *flags)
+    torch.manual_seed(0)
+    return task.build_model(args)
+
+
+def test_encoder_decoder_layers_and_embeddings_come_from_the_teacher(data, teacher, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fairseq_insertion.model")
+    model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher)
+    cold = build(data, tmp_path, "--share-all-embeddings")
+    theirs, own = teacher_weights(teacher), model.state_dict()
+    shared = [k for k in own if k in theirs]
+    assert any(k.startswith("encoder.layers.") for k in shared) and any(k.startswith("decoder.layers.") for k in shared)
+    assert {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"} <= set(
+        shared)
+    for k in shared:
+        assert torch.equal(own[k], theirs[k]), k
+    assert sorted(k for k in own if k not in theirs) == sorted(NEW)
+    for k in NEW:  # fresh initialisation, the same as without warm start
+        assert torch.equal(own[k], cold.state_dict()[k]), k
+    assert not torch.equal(own["encoder.layers.0.fc1.weight"], cold.state_dict()["encoder.layers.0.fc1.weight"])
+    lines = [r.getMessage() for r in caplog.records if "copied" in r.getMessage()]
+    assert len(lines) == 1 and str(teacher) in lines[0]
+    assert lines[0].split("freshly initialised: ")[1].split(", ") == [k for k in own if k in NEW]
+
+
+def test_teacher_without_shared_embeddings(data, teacher, tmp_path, caplog):
+    """A teacher with three embedding tables (fairseq's default); the insertion model with --share-all-embeddings
+    has one. Made from the shared teacher by giving each table its own values (a plain transformer's state dict
+    has the same three names, shared or not), to save a second fairseq-train run."""
+    import fairseq_insertion  # noqa: F401  registers the safe globals
+
+    state = torch.load(teacher, weights_only=True)
+    names = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"]
+    for i, k in enumerate(names):
+        state["model"][k] = state["model"][k] + i
+    path = tmp_path / "unshared.pt"
+    torch.save(state, path)
+    caplog.set_level(logging.INFO, logger="fairseq_insertion.model")
+    model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", path)
+    assert torch.equal(model.encoder.embed_tokens.weight, state["model"]["encoder.embed_tokens.weight"])
+    assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
+    assert torch.equal(model.decoder.layers[1].fc2.weight, state["model"]["decoder.layers.1.fc2.weight"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(f"{', '.join(names)} are one tensor in the insertion model but differ in the teacher; initialised "
+               "from the teacher's encoder.embed_tokens.weight" in w for w in warnings), warnings
+
+
+def test_mismatched_sizes_are_listed(data, teacher, tmp_path):
+    with pytest.raises(ValueError) as e:
+        build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher,
+              "--decoder-ffn-embed-dim", "128")
+    msg = str(e.value)
+    for layer in (0, 1):
+        assert f"decoder.layers.{layer}.fc1.weight: teacher (256, 64), insertion model (128, 64)" in msg
+        assert f"decoder.layers.{layer}.fc1.bias: teacher (256,), insertion model (128,)" in msg
+        assert f"decoder.layers.{layer}.fc2.weight: teacher (64, 256), insertion model (64, 128)" in msg
+    assert "6 tensor(s) differ in shape" in msg and "encoder.layers" not in msg
+
+
+def test_other_dictionary_is_refused_naming_the_embeddings(data, teacher, tmp_path):
+    write_reverse_corpus(tmp_path / "raw", sizes=(("train", 50), ("valid", 4), ("test", 4)), vocab=30)
+    preprocess(tmp_path / "raw", tmp_path / "bin")
+    task, args = build_task(tmp_path / "bin", "--save-dir", tmp_path / "ckpt", "--share-all-embeddings",
+                            "--init-from-transformer", teacher)
+    with pytest.raises(ValueError, match=r"encoder.embed_tokens.weight: teacher \(\d+, 64\), insertion model "
+                                         r"\(\d+, 64\).*dictionaries have \d+ source / \d+ target entries"):
+        task.build_model(args)
+
+
+def test_missing_or_wrong_file_is_refused(data, teacher, tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"--init-from-transformer {tmp_path}/nope.pt: no such file"):
+        build(data, tmp_path, "--init-from-transformer", tmp_path / "nope.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt: cannot be read as a fairseq checkpoint"):
+        build(data, tmp_path, "--init-from-transformer", tmp_path / "junk.pt")
+
+
+def test_trained_checkpoint_needs_no_teacher_and_resume_does_not_reapply(data, teacher, tmp_path):
+    """Warm-started training (with 2 canvases per sentence), then generate, hub and resume with the teacher gone."""
+    own_teacher = tmp_path / "teacher.pt"
+    shutil.copy(teacher, own_teacher)
+    save = tmp_path / "ckpt"
+    cmd = train_args(data / "bin", save, "--init-from-transformer", own_teacher, "--canvases-per-sentence", "2",
+                     "--no-epoch-checkpoints")
+    log = (lambda p: p.stdout + p.stderr)(run([*cmd, "--max-update", "4"]))
+    assert re.search(rf"--init-from-transformer {own_teacher}: copied \d+ tensors .*freshly initialised: "
+                     r"decoder.slot_proj.weight, decoder.slot_proj.bias, decoder.head.location_query", log), log[-3000:]
+    assert "num_updates 4" in log
+    own_teacher.unlink()
+
+    proc = run(generate_args(data / "bin", save / "checkpoint_last.pt", "--batch-size", "4"))
+    assert sorted(map(int, parse_generate(proc.stdout))) == list(range(11))
+
+    from fairseq_insertion.model import InsertionTransformerModel
+
+    hub = InsertionTransformerModel.from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
+                                                    data_name_or_path=str(data / "bin"))
+    assert len(hub.translate(["w1 w2 w3", "w4 w5"])) == 2
+
+    log = (lambda p: p.stdout + p.stderr)(run([*cmd, "--max-update", "6"]))
+    assert f"--init-from-transformer {own_teacher} not applied: resuming from {save}/checkpoint_last.pt" in log
+    assert re.search(r"Loaded checkpoint .*\(epoch \d+ @ 4 updates\)", log) and "num_updates 6" in log
+
+    # an insertion checkpoint is not a transformer checkpoint
+    with pytest.raises(ValueError, match=r"trained with --arch insertion_transformer_tiny \(model "
+                                         r"'insertion_transformer'\), not fairseq's autoregressive transformer"):
+        build(data, tmp_path, "--init-from-transformer", save / "checkpoint_last.pt", "--save-dir", tmp_path / "new")
