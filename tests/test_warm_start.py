@@ -119,6 +119,8 @@ def test_missing_or_wrong_file_is_refused(data, teacher, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="junk.pt: cannot be read as a fairseq checkpoint"):
         build(data, tmp_path, "--init-from-transformer", tmp_path / "junk.pt")
+    with pytest.raises(ValueError, match="and --finetune-from-model .* both set the initial weights"):
+        build(data, tmp_path, "--init-from-transformer", teacher, "--finetune-from-model", teacher)
 
 
 def test_trained_checkpoint_needs_no_teacher_and_resume_does_not_reapply(data, teacher, tmp_path):
