@@ -15,7 +15,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from .constraints import ConstraintEncoder, ConstraintsFile
-from .generator import DECODINGS, InsertionGenerator
+from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
 from .model import warm_start
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ class InsertionTranslationTask(TranslationTask):
                         prefix_allowed_tokens_fn=None):
         _tolerate_invalid_utf8_stdin()
         self.constraint_order = getattr(args, "constraints", None)
+        if self.constraint_order is not None and str(self.constraint_order) not in CONSTRAINT_ORDERS:
+            # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
+            raise ValueError("--constraints is ordered or unordered; constraints as text need the insertion hub "
+                             "interface, fairseq_insertion.constraints."
+                             "from_pretrained(...) or InsertionHubInterface.from_hub(hub); "
+                             f"got constraints={self.constraint_order!r}")
         if self.cfg.constraints_file:
             self.constraints_file = ConstraintsFile(self.cfg.constraints_file,
                                                     {split: len(ds) for split, ds in self.datasets.items()})

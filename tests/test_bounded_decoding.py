@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairseq_insertion.generator import InsertionGenerator
-from tests.utils import build_task, preprocess, write_reverse_corpus
+from tests.utils import build_task, never_end_slot, preprocess, random_source_batch, write_reverse_corpus
 
 MAX_POSITIONS = 16  # so the position limit (16 - 2 boundary markers) binds before --max-len-b can
 
@@ -30,21 +30,10 @@ def test_decoding_stops_within_the_bound(setup, seed, decoding, never_stop, max_
     model = task.build_model(args).eval()
     d = task.target_dictionary
     if never_stop:  # end-of-slot never wins
-        head_forward = model.decoder.head.forward
-
-        def biased(*a, **k):
-            content, location = head_forward(*a, **k)
-            content[..., d.eos()] = -1e4
-            return content, location
-
-        model.decoder.head.forward = biased
-    src_lengths = [n + 1 for n in src_lengths]  # n real tokens plus eos (empty lines: test_bad_input.py)
-    B, S = len(src_lengths), max(src_lengths)
-    src = torch.randint(d.nspecial, len(d), (B, S))
-    for b, n in enumerate(src_lengths):  # left-padded, ending with eos, as fairseq batches them
-        src[b, : S - n] = d.pad()
-        src[b, -1] = d.eos()
-    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor(src_lengths)}}
+        never_end_slot(model, d)
+    # n real tokens plus eos (empty lines: test_bad_input.py)
+    sample = random_source_batch(d, src_lengths)
+    B = len(src_lengths)
     gen = InsertionGenerator(d, decoding=decoding, max_len_b=max_len_b, max_iterations=max_iterations)
     hypos = gen.generate([model], sample)
     limit = min(max_len_b, MAX_POSITIONS - 2)

@@ -78,3 +78,28 @@ def build_task(data: Path, *flags):
         str(data), "--user-dir", PLUGIN, "--task", "insertion_translation", "--arch", "insertion_transformer_tiny",
         "--criterion", "insertion_loss", "--cpu", *map(str, flags)])
     return tasks.setup_task(args), args
+
+
+def never_end_slot(model, d) -> None:
+    """Bias ``model``'s slot head so that end-of-slot never wins."""
+    head_forward = model.decoder.head.forward
+
+    def biased(*a, **k):
+        content, location = head_forward(*a, **k)
+        content[..., d.eos()] = -1e4
+        return content, location
+
+    model.decoder.head.forward = biased
+
+
+def random_source_batch(d, src_lengths: Sequence[int]) -> dict:
+    """A fairseq sample of random sources with ``n`` real tokens each: left-padded, ending with eos."""
+    import torch
+
+    lengths = [n + 1 for n in src_lengths]
+    B, S = len(lengths), max(lengths)
+    src = torch.randint(d.nspecial, len(d), (B, S))
+    for b, n in enumerate(lengths):
+        src[b, : S - n] = d.pad()
+        src[b, -1] = d.eos()
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor(lengths)}}
