@@ -17,6 +17,7 @@ from fairseq_insertion.generator import InsertionGenerator
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 from tests.utils import (
     PLUGIN,
+    REPO,
     build_task,
     generate_args,
     never_end_slot,
@@ -190,7 +191,7 @@ def _given_ok(tokens, scores, cs, limit, anchors=True) -> bool:
 constraint = st.lists(st.one_of(st.integers(4, 27), st.just(GAP)), min_size=0, max_size=4)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True)  # same examples every run
+@settings(max_examples=15, deadline=None, derandomize=True)  # same examples every run
 @given(seed=st.integers(0, 2**16), decoding=st.sampled_from(["parallel", "greedy"]),
        termination=st.sampled_from(["slot", "sequence"]), order=st.sampled_from(["ordered", "unordered"]),
        never_stop=st.booleans(), max_len_b=st.integers(0, 20),
@@ -259,13 +260,44 @@ def test_generate_with_a_constraints_file(trained, tmp_path):
 
 
 def test_constraints_file_with_the_wrong_line_count_is_named(trained, tmp_path):
+    """What fairseq-generate does before decoding: load the test set, then build the generator."""
     cfile = tmp_path / "short.txt"
     cfile.write_text("w1\nw2\n")
-    proc = run(generate_args(trained / "bin", trained / "ckpt" / "checkpoint_last.pt", "--constraints-file", cfile),
-               check=False)
-    assert proc.returncode != 0
-    assert f"--constraints-file {cfile} has 2 lines, but the test set has" in proc.stderr
-    assert "test: 6" in proc.stderr
+    task, args = build_task(trained / "bin", "--constraints-file", cfile)
+    task.load_dataset("test")
+    with pytest.raises(ValueError, match=f"--constraints-file {cfile} has 2 lines, but the test set has .*test: 6"):
+        task.build_generator([task.build_model(args)], args)
+    with pytest.raises(ValueError, match="for fairseq-generate"):  # no test set: fairseq-interactive
+        build_task(trained / "bin", "--constraints-file", cfile)[0].build_generator([], args)
+
+
+def test_multi30k_constraints_script_end_to_end(trained, tmp_path):
+    """examples/multi30k/constraints.py on a prepare.py-shaped directory (no BPE here)."""
+    import json
+    import sys
+
+    data = tmp_path / "data"
+    for sub in ("tok", "raw"):
+        (data / sub).mkdir(parents=True)
+        (data / sub / "test.tgt").write_text((trained / "raw" / "test.tgt").read_text())
+    (data / "data-bin").symlink_to(trained / "bin")
+    proc = run([sys.executable, REPO / "examples" / "multi30k" / "constraints.py", "run", "--data", data,
+                "--checkpoint", trained / "ckpt" / "checkpoint_last.pt", "--out", tmp_path / "out", "--cpu",
+                "--max-len-b", "10"])
+    assert "| 1-2 reference n-grams | 100.0% (" in proc.stdout
+    refs = (trained / "raw" / "test.tgt").read_text().splitlines()
+    drawn = [line.split("\t") for line in (tmp_path / "out" / "constraints.txt").read_text().splitlines()]
+    assert len(drawn) == len(refs) and all(1 <= len(cs) <= 2 for cs in drawn)
+    for ref, cs in zip(refs, drawn):
+        assert all(_holds(ref, c) and 1 <= len(c.split()) <= 3 for c in cs)
+        if len(cs) == 2:  # non-overlapping, in reference order (the reference's words are distinct)
+            words = ref.split()
+            assert words.index(cs[0].split()[-1]) < words.index(cs[1].split()[0])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    constrained = results["1-2 reference n-grams"]
+    assert constrained["usage_rate"] == 1.0 and constrained["constraints"] == sum(map(len, drawn))
+    assert constrained["sentences"] == len(refs) and constrained["mean_iterations"] is not None
+    assert results["none"]["constraints"] == constrained["constraints"]
 
 
 def test_interactive_constraints_and_templates(trained):
