@@ -1,6 +1,8 @@
 """Greedy and parallel insertion decoding (paper: "Inference").
 
-The loop starts from the empty canvas ``[bos, eos]``, asks the model for slot
+The loop starts from the empty canvas ``[bos, eos]`` (or, with hard
+constraints, from a canvas that holds them, with the slots inside a constraint
+closed: see :func:`canvas.constraint_canvas`), asks the model for slot
 scores, applies insertions with :func:`canvas.insert`, and stops a sentence
 when no slot inserts anything (every slot picks end-of-slot), when its canvas
 reaches the length limit, or after the iteration bound.
