@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="EOS penalties tried on valid (default 0-7 in steps of 1; quick: 0)")
     parser.add_argument("--batch1-sentences", type=int, default=None,
                         help="time batch-1 decoding on the first N test sentences (default: all)")
-    parser.add_argument("--max-len-b", type=int, default=None,
-                        help="longest output for every system (fairseq's --max-len-b; default 200, quick 20)")
+    parser.add_argument("--max-len-a", type=float, default=None,
+                        help="longest output = a x source length + b, for every system and the distillation "
+                             "(fairseq's --max-len-a/--max-len-b; default a=1.2, b=10; quick a=0, b=20)")
+    parser.add_argument("--max-len-b", type=int, default=None)
     parser.add_argument("--train-lines", type=int, default=None)
     parser.add_argument("--test-lines", type=int, default=None)
     parser.add_argument("--bpe-merges", type=int, default=None)
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     updates = pick(args.updates, 1800, 30)
     max_tokens = pick(args.max_tokens, 4096, 1024)
     betas = pick(args.betas, [float(b) for b in range(8)], [0.0])
-    max_len_b = pick(args.max_len_b, 200, 20)
+    max_len_a, max_len_b = pick(args.max_len_a, 1.2, 0.0), pick(args.max_len_b, 10, 20)
     device = args.device or R.default_device()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -259,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "updates": updates,
         "arch": size.describe() + ", shared embeddings",
         "max_tokens": max_tokens,
+        "max_len_a": max_len_a,
         "max_len_b": max_len_b,
         "test_set": "test_2016_flickr" + (f" (first {n_test} lines)" if quick or args.test_lines else ""),
         "test_sentences": n_test,
@@ -320,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             return json.loads(marker.read_text())
         env_threads(threads)
         r = R.distill(data, out / "ar" / "checkpoint_last.pt", device=device, out=out / "data-bin-distilled",
-                      max_len_b=max_len_b)
+                      max_len_a=max_len_a, max_len_b=max_len_b)
         marker.write_text(json.dumps(r, indent=2))
         return r
 
@@ -336,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             for beta in betas:
                 r = R.decode(data, out / run / "checkpoint_last.pt", model, out / "decode" / system /
                              f"valid.beta{beta:g}.out", subset="valid", eos_penalty=beta, batch_size=128,
-                             device=device, max_len_b=max_len_b, **kwargs)
+                             device=device, max_len_a=max_len_a, max_len_b=max_len_b, **kwargs)
                 bleu[f"{beta:g}"] = r["bleu"]
             best = max(betas, key=lambda b: bleu[f"{b:g}"])
             return {"eos_penalty": best, "valid_bleu_by_eos_penalty": bleu}
@@ -355,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             r = R.decode(data, out / run / "checkpoint_last.pt", model,
                          out / "decode" / system / f"test.batch{batch}.out", eos_penalty=beta,
                          batch_size=batch, device=device, head=batch1 if batch == 1 else None,
-                         max_len_b=max_len_b, **kwargs)
+                         max_len_a=max_len_a, max_len_b=max_len_b, **kwargs)
             return {**r, "eos_penalty": beta}
 
         return fn

@@ -161,13 +161,15 @@ def generate_command(
     eos_penalty: float = 0.0,
     batch_size: int = 128,
     device: str = "cpu",
+    max_len_a: float = 0.0,
     max_len_b: int = 200,
 ) -> list[str]:
-    """One ``fairseq-generate`` command (outputs of at most ``max_len_b`` tokens, every model)."""
+    """One ``fairseq-generate`` command (outputs of at most ``max_len_a`` x source length +
+    ``max_len_b`` tokens, the same limit for every model)."""
     cmd = [
         *fairseq_cli("generate"), str(data_dir), "--path", str(checkpoint), "--gen-subset", subset,
         "--batch-size", str(batch_size), "--required-batch-size-multiple", "1", "--post-process", "subword_nmt",
-        "--max-len-b", str(max_len_b), *device_args(device),
+        "--max-len-a", f"{max_len_a:g}", "--max-len-b", str(max_len_b), *device_args(device),
     ]  # fmt: skip
     if model != "transformer":  # I- lines: decoding iterations (fairseq's sequence generator has none)
         cmd.append("--print-step")
@@ -230,7 +232,7 @@ def training_speed(log: Path) -> dict:
 
 # -------------------------------------------------------------- distillation
 def distill(data: Path, teacher: Path, device: str = "cpu", beam: int = 5, max_tokens: int = 8192,
-            out: Path | None = None, max_len_b: int = 200) -> dict:
+            out: Path | None = None, max_len_a: float = 1.2, max_len_b: int = 10) -> dict:
     """Sequence-level knowledge distillation (paper: "Knowledge Distillation"): the teacher's
     beam-``beam`` translations of the training set replace its targets; valid and test keep
     their references; the dictionary is the original one. Writes ``out`` (default
@@ -241,7 +243,8 @@ def distill(data: Path, teacher: Path, device: str = "cpu", beam: int = 5, max_t
     cmd = [
         *fairseq_cli("generate"), str(data_bin(data)), "--path", str(teacher), "--gen-subset", "train",
         "--user-dir", str(SAFE_LOAD), "--task", "translation", "--beam", str(beam), "--max-tokens", str(max_tokens),
-        "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test", "--max-len-b", str(max_len_b),
+        "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
+        "--max-len-a", f"{max_len_a:g}", "--max-len-b", str(max_len_b),
         *device_args(device),
     ]  # fmt: skip
     wall = run(cmd, work / "train.generate.log", stdout=gen_out)
