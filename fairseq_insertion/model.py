@@ -204,6 +204,15 @@ class InsertionTransformerModel(TransformerModel):
         model.termination = getattr(args, "termination", "slot")
         return model
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """fairseq's hub loader, returning an :class:`~fairseq_insertion.constraints.InsertionHubInterface`:
+        ``translate(src, constraints=[...])`` works on what this returns."""
+        from .constraints import InsertionHubInterface
+
+        hub = super().from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+        return InsertionHubInterface.from_hub(hub)
+
     def forward(self, src_tokens, src_lengths, prev_output_tokens, canvases_per_sentence: int = 1,
                 **kwargs):  # type: ignore[override]
         """src_tokens: (B, T_src); prev_output_tokens: framed canvases (K B, T+2), canvas ``j`` of

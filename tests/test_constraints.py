@@ -321,6 +321,8 @@ def test_interactive_constraints_and_templates(trained):
 
 
 def test_hub_translate_with_constraints(trained):
+    from fairseq.hub_utils import GeneratorHubInterface
+
     from fairseq_insertion.constraints import InsertionHubInterface, from_pretrained
     from fairseq_insertion.model import InsertionTransformerModel
 
@@ -330,10 +332,13 @@ def test_hub_translate_with_constraints(trained):
     free = hub.translate(["w1 w2 w3", "w4 w5"])
     assert hub.translate(["w1 w2 w3", "w4 w5"], constraints=[[], []]) == free
     assert hub.translate("w1 w2 w3", constraints=[]) == free[0]
-    out = hub.translate("w1 w2 w3", constraints=["w3 w2", "w9"])
+    out = out_ordered = hub.translate("w1 w2 w3", constraints=["w3 w2", "w9"])
     assert _holds(out, "w3 w2") and _holds(out, "w9") and out.index("w3 w2") < out.rindex("w9")
     out = hub.translate(["w1 w2 w3", "w4 w5"], constraints=[["w7 ___ w8"], ["w6"]], constraint_order="unordered")
     assert out[0].split()[0] == "w7" and out[0].split()[-1] == "w8" and _holds(out[1], "w6")
-    plain = InsertionTransformerModel.from_pretrained(str(trained / "ckpt"), **kwargs)
+    direct = InsertionTransformerModel.from_pretrained(str(trained / "ckpt"), **kwargs)
+    assert isinstance(direct, InsertionHubInterface)
+    assert direct.translate("w1 w2 w3", constraints=["w3 w2", "w9"]) == out_ordered
+    plain = GeneratorHubInterface(direct.cfg, direct.task, list(direct.models))
     with pytest.raises(ValueError, match="insertion hub interface"):
         plain.translate("w1 w2", constraints=["w3"])
