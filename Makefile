@@ -7,7 +7,7 @@ DATA ?= ../shared/data/multi30k
 # the CPU wheel; GPU users: make install TORCH="torch==<version matching your CUDA>"
 TORCH ?= torch==2.13.0
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo bench bench-quick clean
 
 install: $(VENV)/.installed
 
@@ -27,5 +27,12 @@ test: install lint
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/multi30k/demo.sh "$(DATA)"
 
+# side-by-side benchmark (benchmarks/run.py); BENCH_ARGS="--device cuda --jobs 8 --extras" on a GPU
+bench: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) benchmarks/run.py --out .bench --raw-dir "$(DATA)" $(BENCH_ARGS)
+
+bench-quick: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) benchmarks/run.py --out .bench-quick --raw-dir "$(DATA)" --quick --jobs 2
+
 clean:
-	rm -rf $(VENV) .demo
+	rm -rf $(VENV) .demo .bench .bench-quick
