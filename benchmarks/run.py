@@ -88,6 +88,7 @@ class Job:
     fn: Callable[[], dict]
     deps: tuple[str, ...] = ()
     exclusive: bool = False
+    first: bool = False  # start before the other ready jobs (the distillation unblocks many)
     result: dict = field(default_factory=dict)
 
 
@@ -125,7 +126,8 @@ class Scheduler:
                 for job in [j for j in self.pending.values() if self._blocked(j)]:
                     del self.pending[job.name]
                     self.failed[job.name] = "skipped: a step it needs failed"
-                shared = [j for j in self.pending.values() if not j.exclusive and self._ready(j)]
+                shared = sorted((j for j in self.pending.values() if not j.exclusive and self._ready(j)),
+                                key=lambda j: not j.first)
                 while shared and len(running) < self.jobs:
                     job = shared.pop(0)
                     del self.pending[job.name]
@@ -328,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     if any(trainings[t][2] for t in needed):
-        sched.add(Job("distill", distill_job, ("train:ar",)))
+        sched.add(Job("distill", distill_job, ("train:ar",), first=True))
 
     def sweep_job(system: str) -> Callable[[], dict]:
         run, model, kwargs = decode_kwargs(system)
