@@ -52,7 +52,8 @@ for _suffix, _distilled in (("", False), ("_distilled", True)):
         f"nat{_suffix}": ("fairseq_nat", {}, _distilled),
         f"binary_tree{_suffix}": ("insertion", {"order": "binary_tree"}, _distilled),
         f"uniform{_suffix}": ("insertion", {"order": "uniform"}, _distilled),
-        f"left_to_right{_suffix}": ("insertion", {"order": "left_to_right"}, _distilled),
+        # the paper trains left-to-right with sequence finalization (end-of-sequence in the last slot)
+        f"left_to_right{_suffix}": ("insertion", {"order": "left_to_right", "termination": "sequence"}, _distilled),
     })
 
 # systems: name -> (training run, decode keyword arguments, EOS penalty swept)
