@@ -371,7 +371,7 @@ def plot_iterations(generate_output: Path, png: Path, title: str = "") -> dict:
     ax.set_xlabel("output length n (subword tokens)")
     ax.set_ylabel("decoding iterations")
     ax.set_ylim(0, max(it + [1]) + 2)
-    ax.set_title(title or generate_output.name)
+    ax.set_title(title or generate_output.name, fontsize=8)
     ax.legend(loc="upper left")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
