@@ -7,16 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairseq_insertion.generator import InsertionGenerator
-from tests.utils import build_task, never_end_slot, preprocess, random_source_batch, write_reverse_corpus
+from tests.utils import build_task, never_end_slot, random_source_batch, reverse_data
 
 MAX_POSITIONS = 16  # so the position limit (16 - 2 boundary markers) binds before --max-len-b can
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bounded")
-    write_reverse_corpus(root / "raw", sizes=(("train", 20), ("valid", 4), ("test", 4)))
-    preprocess(root / "raw", root / "bin")
+    root = reverse_data(tmp_path_factory, "bounded", 20, 4, 4)
     return build_task(root / "bin", "--max-target-positions", MAX_POSITIONS)
 
 

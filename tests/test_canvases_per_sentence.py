@@ -7,17 +7,14 @@ import torch
 from fairseq_insertion import canvas as C
 from fairseq_insertion import criterion as criterion_module
 from tests.test_canvas import reference_loss
-from tests.utils import build_task, preprocess, write_reverse_corpus
+from tests.utils import build_task, reverse_data
 
 B = 6  # sentences in the test batch
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("kcanvas")
-    write_reverse_corpus(root / "raw", sizes=(("train", 40), ("valid", 8), ("test", 8)))
-    preprocess(root / "raw", root / "bin")
-    return root
+    return reverse_data(tmp_path_factory, "kcanvas", 40, 8, 8)
 
 
 def setup(data, tmp_path, *flags):

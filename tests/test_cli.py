@@ -8,16 +8,21 @@ import re
 import pytest
 import torch
 
-from tests.utils import PLUGIN, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+from tests.utils import (
+    PLUGIN,
+    generate_args,
+    parse_generate,
+    reverse_data,
+    run,
+    train_args,
+)
 
 TEST_LINES = 29  # not a multiple of 8: fairseq would drop the final partial batch
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    write_reverse_corpus(root / "raw", sizes=(("train", 400), ("valid", 21), ("test", TEST_LINES)))
-    preprocess(root / "raw", root / "bin")
+    root = reverse_data(tmp_path_factory, "cli", 400, 21, TEST_LINES)
     proc = run(train_args(root / "bin", root / "ckpt", "--order", "binary_tree", "--tau", "1.0",
                           "--termination", "slot", "--label-smoothing", "0.1", "--max-update", "12",
                           "--required-batch-size-multiple", "8"))

@@ -22,11 +22,10 @@ from tests.utils import (
     generate_args,
     never_end_slot,
     parse_generate,
-    preprocess,
     random_source_batch,
+    reverse_data,
     run,
     train_args,
-    write_reverse_corpus,
 )
 
 GAP = 1  # the gap marker inside an encoded constraint: the dictionary's pad index
@@ -156,9 +155,7 @@ def test_empty_source_with_constraints_outputs_the_constraints():
 # ---------------------------------------------------------------- random models
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("constraints")
-    write_reverse_corpus(root / "raw", sizes=(("train", 100), ("valid", 4), ("test", 6)))
-    preprocess(root / "raw", root / "bin")
+    root = reverse_data(tmp_path_factory, "constraints", 100, 4, 6)
     run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"))
     return root
 

@@ -17,7 +17,7 @@ from fairseq.models.nat.insertion_transformer import InsertionTransformerModel a
 
 import fairseq_insertion  # noqa: F401
 from fairseq_insertion import model as M
-from tests.utils import build_task, preprocess, write_reverse_corpus
+from tests.utils import build_task, reverse_data
 
 ARCHS = {
     # arch: (encoder layers, decoder layers, dim, heads, ffn)
@@ -70,9 +70,7 @@ def test_replacing_fairseq_registration_is_explicit_and_logged(caplog, registrie
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reg")
-    write_reverse_corpus(root / "raw", sizes=(("train", 20), ("valid", 4), ("test", 4)))
-    preprocess(root / "raw", root / "bin")
+    root = reverse_data(tmp_path_factory, "reg", 20, 4, 4)
     return root / "bin"
 
 

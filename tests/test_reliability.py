@@ -18,19 +18,15 @@ from tests.utils import (
     build_task,
     generate_args,
     parse_generate,
-    preprocess,
+    reverse_data,
     run,
     train_args,
-    write_reverse_corpus,
 )
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    write_reverse_corpus(root / "raw", sizes=(("train", 300), ("valid", 16), ("test", 13)))
-    preprocess(root / "raw", root / "bin")
-    return root
+    return reverse_data(tmp_path_factory, "reliability", 300, 16, 13)
 
 
 def _free_port() -> int:

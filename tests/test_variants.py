@@ -11,7 +11,14 @@ import torch
 
 from fairseq_insertion import canvas as C
 from tests.test_canvas import reference_loss
-from tests.utils import build_task, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+from tests.utils import (
+    build_task,
+    generate_args,
+    parse_generate,
+    reverse_data,
+    run,
+    train_args,
+)
 
 COMBOS = list(itertools.product([False, True], [False, True], [1, 2]))  # joint, context bias, K
 
@@ -28,10 +35,7 @@ def combo_id(combo):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("variants")
-    write_reverse_corpus(root / "raw", sizes=(("train", 200), ("valid", 16), ("test", 11)))
-    preprocess(root / "raw", root / "bin")
-    return root
+    return reverse_data(tmp_path_factory, "variants", 200, 16, 11)
 
 
 def build(data, *flags):

@@ -8,7 +8,16 @@ import shutil
 import pytest
 import torch
 
-from tests.utils import build_task, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+from tests.utils import (
+    build_task,
+    generate_args,
+    parse_generate,
+    preprocess,
+    reverse_data,
+    run,
+    train_args,
+    write_reverse_corpus,
+)
 
 TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
         "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4",
@@ -25,10 +34,7 @@ def train_teacher(data, save_dir, *extra):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warm")
-    write_reverse_corpus(root / "raw", sizes=(("train", 200), ("valid", 16), ("test", 11)))
-    preprocess(root / "raw", root / "bin")
-    return root
+    return reverse_data(tmp_path_factory, "warm", 200, 16, 11)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,14 @@ def write_reverse_corpus(directory: Path, sizes=(("train", 2000), ("valid", 64),
                 ft.write(" ".join(reversed(s)) + "\n")
 
 
+def reverse_data(tmp_path_factory, name: str, train: int, valid: int, test: int) -> Path:
+    """A fresh directory with a reverse corpus in ``raw/`` and its binarised form in ``bin/``."""
+    root = tmp_path_factory.mktemp(name)
+    write_reverse_corpus(root / "raw", sizes=(("train", train), ("valid", valid), ("test", test)))
+    preprocess(root / "raw", root / "bin")
+    return root
+
+
 def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     """Run a CLI from the test environment's bin directory, capturing output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
