@@ -27,12 +27,12 @@ test: install lint
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/multi30k/demo.sh "$(DATA)"
 
-# side-by-side benchmark (benchmarks/run.py); BENCH_ARGS="--device cuda --jobs 8 --extras" on a GPU
+# side-by-side benchmark (python -m benchmarks.run); BENCH_ARGS="--device cuda --jobs 8 --extras" on a GPU
 bench: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) benchmarks/run.py --out .bench --raw-dir "$(DATA)" $(BENCH_ARGS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks.run --out .bench --raw-dir "$(DATA)" $(BENCH_ARGS)
 
 bench-quick: install
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) benchmarks/run.py --out .bench-quick --raw-dir "$(DATA)" --quick --jobs 2
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m benchmarks.run --out .bench-quick --raw-dir "$(DATA)" --quick --jobs 2
 
 clean:
 	rm -rf $(VENV) .demo .bench .bench-quick

@@ -21,9 +21,9 @@ FIELDS = ["name", "bleu", "mean_iterations", "mean_log2_bound", "decode_seconds_
 def test_quick_benchmark_writes_every_field_for_every_system(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--out", str(out), "--raw-dir", str(RAW), "--quick",
+        [sys.executable, "-m", "benchmarks.run", "--out", str(out), "--raw-dir", str(RAW), "--quick",
          "--jobs", "2", "--device", "cpu", "--train-lines", "1000", "--test-lines", "24", "--updates", "20"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())

@@ -2,23 +2,25 @@
 """The Multi30k recipe: train, distill, evaluate and plot, one sub-command each.
 
 Run ``prepare.py`` first; every sub-command takes its output directory as ``--data``.
+Run it as a module from the repository root (``python -m examples.multi30k.recipe``): it imports
+``score.py`` as its package sibling, and the benchmark imports it as ``examples.multi30k.recipe``.
 Each step prints the fairseq command it runs, so any step can be repeated by hand::
 
     python examples/multi30k/prepare.py --out work/data --raw-dir ../shared/data/multi30k
     # a fairseq autoregressive transformer of the same size (the distillation teacher)
-    python examples/multi30k/recipe.py train --data work/data --model transformer --save-dir work/ar
+    python -m examples.multi30k.recipe train --data work/data --model transformer --save-dir work/ar
     # distillation: beam-5 translations of the training set, binarised with the same dictionary
-    python examples/multi30k/recipe.py distill --data work/data --teacher work/ar/checkpoint_last.pt
+    python -m examples.multi30k.recipe distill --data work/data --teacher work/ar/checkpoint_last.pt
     # an Insertion Transformer on the distilled data (any order x termination)
-    python examples/multi30k/recipe.py train --data work/data --distilled --order binary_tree --tau 1 \\
+    python -m examples.multi30k.recipe train --data work/data --distilled --order binary_tree --tau 1 \\
         --termination slot --save-dir work/bt
     # EOS penalty swept on valid, best one applied to test; detokenised sacreBLEU
-    python examples/multi30k/recipe.py evaluate --data work/data --checkpoint work/bt/checkpoint_last.pt \\
+    python -m examples.multi30k.recipe evaluate --data work/data --checkpoint work/bt/checkpoint_last.pt \\
         --decoding parallel --betas 0 1 2 3 4 5 6 7 --out work/bt/eval
-    python examples/multi30k/recipe.py plot --generate-output work/bt/eval/test.out --png work/bt/iterations.png
+    python -m examples.multi30k.recipe plot --generate-output work/bt/eval/test.out --png work/bt/iterations.png
 
 ``--device cuda`` (default: cuda when torch sees a GPU, else cpu) and ``--updates``
-apply to every step. The benchmark (``benchmarks/run.py``) is built from these functions.
+apply to every step. The benchmark (``python -m benchmarks.run``) is built from these functions.
 """
 
 from __future__ import annotations
@@ -36,13 +38,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .score import parse_generate_output, read_reference, score
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PLUGIN = REPO / "fairseq_insertion"
 SAFE_LOAD = HERE / "fairseq_safe_load"  # plain fairseq checkpoints under torch's weights_only loader
-sys.path.insert(0, str(HERE))
-
-from score import parse_generate_output, read_reference, score  # noqa: E402
 
 ORDERS = ("binary_tree", "uniform", "left_to_right")
 TERMINATIONS = ("slot", "sequence")

@@ -80,7 +80,8 @@ evaluate() {  # EOS penalty swept on newstest2013 (the paper sweeps 0-7), applie
     --batch-size 128 --remove-bpe --print-step > "$work/test.out"
   # tokenised BLEU as the paper reports it (fairseq's compound-splitting script), and the plot
   bash "$fairseq_src/scripts/compound_split_bleu.sh" "$work/test.out"
-  python "$repo/examples/multi30k/recipe.py" plot --generate-output "$work/test.out" --png "$work/iterations.png"
+  PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" python -m examples.multi30k.recipe plot \
+    --generate-output "$work/test.out" --png "$work/iterations.png"
 }
 
 if [ $# -eq 0 ]; then set -- prepare teacher distill train evaluate; fi
