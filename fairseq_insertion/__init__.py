@@ -3,7 +3,9 @@ fairseq ``--user-dir`` plugin.
 
 Importing the package registers the ``insertion_transformer`` model and
 architectures, the ``insertion_loss`` criterion and the
-``insertion_translation`` task, and allows fairseq checkpoints to load under
+``insertion_translation`` task, makes ``InsertionTransformerModel.from_pretrained``
+return the constraint-aware :class:`~fairseq_insertion.hub.InsertionHubInterface`,
+and allows fairseq checkpoints to load under
 torch's safe loader (``weights_only=True``).
 """
 
@@ -15,6 +17,7 @@ import torch
 # model args); allow exactly that instead of disabling the safe loader
 torch.serialization.add_safe_globals([argparse.Namespace])
 
-from . import criterion, model, task  # noqa: E402,F401  (registration side effects)
+# registration side effects; hub sets InsertionTransformerModel.hub_interface (model.py does not import hub)
+from . import criterion, hub, model, task  # noqa: E402,F401
 
-__all__ = ["criterion", "model", "task"]
+__all__ = ["criterion", "hub", "model", "task"]

@@ -1,7 +1,8 @@
 """Hard lexical constraints and templates: reading and encoding them for
 fairseq-generate (``--constraints-file``), fairseq-interactive
 (``--constraints``, tab-separated) and the hub interface
-(``translate(..., constraints=[...])``).
+(``translate(..., constraints=[...])``, :mod:`fairseq_insertion.hub`).
+Text only: this module imports neither the model nor the hub.
 
 A constraint is a word sequence that must appear verbatim, contiguous and in
 order in the output; the decoder (:mod:`fairseq_insertion.generator`) puts it
@@ -12,10 +13,9 @@ real constraint token can be.
 
 import logging
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.token_generation_constraints import pack_constraints
 from torch import Tensor
 
@@ -77,9 +77,13 @@ def read_constraints_file(path: str) -> List[List[str]]:
 class ConstraintsFile:
     """``--constraints-file``: the constraints of every sentence id of the test set."""
 
-    def __init__(self, path: str, num_sentences: Dict[str, int]):
+    def __init__(self, path: str):
         self.path = path
         self.lines = read_constraints_file(path)
+
+    def check_sentences(self, num_sentences: Dict[str, int]) -> None:
+        """Raise unless one of the loaded test sets (sentences per split) has one sentence per line."""
+        path = self.path
         if not num_sentences:
             raise ValueError(f"--constraints-file {path}: it is for fairseq-generate (constraints of a binarised "
                              "test set); in fairseq-interactive give constraints after tabs with --constraints")
@@ -95,23 +99,39 @@ class ConstraintsFile:
             for i in ids])
 
 
-class ConstraintEncoder:
-    """Wraps a tokenizer or BPE (or nothing) for fairseq-interactive's
-    ``--constraints`` so that ``___`` gaps survive encoding, and names
-    constraint words missing from the target dictionary.
+class TextEncoders:
+    """The tokenizer and BPE that fairseq built through the task (``build_tokenizer``/``build_bpe``), raw;
+    None where not configured (the text is then already tokenised). Owned by the task, which encodes
+    ``--constraints-file`` constraints and fairseq-interactive sources with them."""
 
-    fairseq-interactive encodes sources and constraints with the same
-    function; the task sets ``encoding_source`` while it encodes sources, and
-    then this passes text straight to the wrapped encoder. ``last`` marks the
-    encoder applied last (BPE): it turns gaps into ``<pad>`` (which the
-    dictionary maps to the gap index) and checks the words."""
-
-    def __init__(self, inner, dictionary, last: bool, state: Dict[str, bool]):
-        self.inner, self.dictionary, self.last, self.state = inner, dictionary, last, state
+    def __init__(self) -> None:
+        self.tokenizer: Optional[Any] = None
+        self.bpe: Optional[Any] = None
 
     def encode(self, x: str) -> str:
-        if self.state.get("encoding_source"):
-            return self.inner.encode(x) if self.inner is not None else x
+        """Tokenizer, then BPE, as fairseq-interactive and the hub encode a source line."""
+        x = self.tokenizer.encode(x) if self.tokenizer is not None else x
+        return self.bpe.encode(x) if self.bpe is not None else x
+
+
+class ConstraintEncoder:
+    """Wraps a tokenizer or BPE (or nothing) as what fairseq-interactive
+    encodes ``--constraints`` with, so that ``___`` gaps survive encoding,
+    and names constraint words missing from the target dictionary.
+
+    fairseq-interactive builds one encode function from what the task's
+    ``build_tokenizer``/``build_bpe`` return, and passes it both the
+    constraints and the source lines; the task encodes source lines with the
+    raw encoders itself (``get_interactive_tokens_and_lengths``), so
+    ``encode`` here only ever sees constraints. ``last`` marks the encoder
+    applied last (BPE): it turns gaps into ``<pad>`` (which the dictionary
+    maps to the gap index) and checks the words."""
+
+    def __init__(self, inner: Optional[Any], dictionary, last: bool):
+        self.inner, self.dictionary, self.last = inner, dictionary, last
+
+    def encode(self, x: str) -> str:
+        """One constraint: the pieces between gaps encoded one by one, the gaps kept."""
         pieces = [self.inner.encode(p.strip()) if self.inner is not None and p.strip() else p.strip()
                   for p in _GAP_SPLIT.split(x.strip())]
         if not self.last:
@@ -130,69 +150,3 @@ class ConstraintEncoder:
         if inner is None:
             raise AttributeError(name)
         return getattr(inner, name)
-
-
-class InsertionHubInterface(GeneratorHubInterface):
-    """fairseq's hub interface, plus hard constraints and templates.
-
-    ``translate(sentence, constraints=["word a", "b"])``, or for a list of
-    sentences one list of constraints each. Constraints are plain text,
-    encoded with the hub's tokenizer and BPE like the target; ``___`` marks a
-    template gap. ``constraint_order="unordered"`` lets the decoder choose
-    the order (see :class:`fairseq_insertion.generator.InsertionGenerator`).
-    """
-
-    _packed: Optional[Tensor] = None
-
-    @classmethod
-    def from_hub(cls, hub: GeneratorHubInterface) -> "InsertionHubInterface":
-        """The same models, task and configuration, with constraint support."""
-        return cls(hub.cfg, hub.task, list(hub.models))
-
-    def sample(self, sentences: Union[str, List[str]], beam: int = 1, verbose: bool = False,
-               constraints: Optional[Union[List[str], List[List[str]]]] = None,
-               constraint_order: str = "ordered", **kwargs):
-        if isinstance(sentences, str):
-            batch = [constraints] if constraints is not None else None
-            return self.sample([sentences], beam, verbose, constraints=batch, constraint_order=constraint_order,
-                               **kwargs)[0]
-        if constraints is None:
-            return super().sample(sentences, beam, verbose, **kwargs)
-        if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
-            raise ValueError(f"constraints: give one list of strings per sentence ({len(sentences)} sentences); "
-                             f"got {constraints!r}")
-
-        def encode_fn(x: str) -> str:
-            return self.apply_bpe(self.tokenize(x))
-
-        self._packed = pack_constraints([
-            encode_constraints(cs, encode_fn, self.tgt_dict, f"sentence {i} ({s!r})")
-            for i, (s, cs) in enumerate(zip(sentences, constraints))])
-        try:
-            return super().sample(sentences, beam, verbose, constraints=constraint_order, **kwargs)
-        finally:
-            self._packed = None
-
-    def _build_batches(self, tokens, skip_invalid_size_inputs: bool):
-        if self._packed is None:
-            return super()._build_batches(tokens, skip_invalid_size_inputs)
-        lengths = torch.LongTensor([t.numel() for t in tokens])
-        return self.task.get_batch_iterator(
-            dataset=self.task.build_dataset_for_inference(tokens, lengths, constraints=self._packed),
-            max_tokens=self.cfg.dataset.max_tokens,
-            max_sentences=self.cfg.dataset.batch_size,
-            max_positions=self.max_positions,
-            ignore_invalid_inputs=skip_invalid_size_inputs,
-            disable_iterator_cache=True,
-        ).next_epoch_itr(shuffle=False)
-
-
-def from_pretrained(model_name_or_path: str, checkpoint_file: str = "model.pt", data_name_or_path: str = ".",
-                    **kwargs) -> InsertionHubInterface:
-    """``InsertionTransformerModel.from_pretrained`` returning an
-    :class:`InsertionHubInterface` (translate with ``constraints=``)."""
-    from .model import InsertionTransformerModel
-
-    hub = InsertionTransformerModel.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
-                                                    data_name_or_path=data_name_or_path, **kwargs)
-    return hub if isinstance(hub, InsertionHubInterface) else InsertionHubInterface.from_hub(hub)

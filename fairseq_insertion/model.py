@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, hub_utils
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_INV_REGISTRY,
@@ -204,14 +204,20 @@ class InsertionTransformerModel(TransformerModel):
         model.termination = getattr(args, "termination", "slot")
         return model
 
-    @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
-        """fairseq's hub loader, returning an :class:`~fairseq_insertion.constraints.InsertionHubInterface`:
-        ``translate(src, constraints=[...])`` works on what this returns."""
-        from .constraints import InsertionHubInterface
+    # the class from_pretrained returns; fairseq_insertion.hub sets its InsertionHubInterface here when imported
+    # (the package imports it), so that this module need not import the hub
+    hub_interface: Type[hub_utils.GeneratorHubInterface] = hub_utils.GeneratorHubInterface
 
-        hub = super().from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
-        return InsertionHubInterface.from_hub(hub)
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        **kwargs) -> hub_utils.GeneratorHubInterface:
+        """fairseq's hub loader, returning a :attr:`hub_interface`: the
+        :class:`~fairseq_insertion.hub.InsertionHubInterface`, on which
+        ``translate(src, constraints=[...])`` works."""
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), **kwargs)
+        logger.info(x["args"])
+        return cls.hub_interface(x["args"], x["task"], x["models"])
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, canvases_per_sentence: int = 1,
                 **kwargs):  # type: ignore[override]

@@ -5,16 +5,18 @@ options; builds the :class:`InsertionGenerator` and never drops a sentence."""
 import io
 import logging
 import sys
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import numpy as np
 from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from torch import Tensor
 
-from .constraints import ConstraintEncoder, ConstraintsFile
+from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
 from .model import warm_start
 
@@ -50,18 +52,21 @@ class InsertionTranslationTask(TranslationTask):
     """Translation with an Insertion Transformer."""
 
     cfg: InsertionTranslationConfig
-    training = False  # set by build_criterion: only fairseq-train builds one
 
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self.constraint_order: Optional[str] = None  # generation --constraints, set by build_generator
-        self.constraints_file: Optional[ConstraintsFile] = None
-        self._encoders: Dict[str, Any] = {}  # the tokenizer and BPE fairseq built through this task
-        self._encoding = {"encoding_source": False}  # see ConstraintEncoder
+        # --constraints-file, read here; build_generator checks it against the test set
+        self.constraints_file = ConstraintsFile(cfg.constraints_file) if cfg.constraints_file else None
+        self.text_encoders = TextEncoders()  # filled by build_tokenizer/build_bpe
+        # datasets loaded for training: fairseq's size rule (see filter_indices_by_size)
+        self._training_datasets: "weakref.WeakSet[FairseqDataset]" = weakref.WeakSet()
 
-    def build_criterion(self, cfg, from_checkpoint: bool = False):
-        self.training = True
-        return super().build_criterion(cfg, from_checkpoint)
+    def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs: Any) -> None:
+        """fairseq-generate (and -validate) pass the checkpoint's saved task config as ``task_cfg``;
+        fairseq-train does not: its splits are the training datasets."""
+        super().load_dataset(split, epoch, combine, **kwargs)
+        if kwargs.get("task_cfg") is None:
+            self._training_datasets.add(self.datasets[split])
 
     def build_model(self, cfg, from_checkpoint: bool = False):
         model = super().build_model(cfg, from_checkpoint)
@@ -74,11 +79,13 @@ class InsertionTranslationTask(TranslationTask):
         return model
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
-        """In training, fairseq's rule (raise, or skip with
-        --skip-invalid-size-inputs-valid-test). In generate/interactive, a line
-        too long for the model is skipped with an error naming it, and every
-        other line is translated."""
-        if self.training:
+        """For a dataset loaded for training (:meth:`load_dataset` without a
+        saved task config: fairseq-train's train and valid splits), fairseq's
+        rule (raise, or skip with --skip-invalid-size-inputs-valid-test). For
+        any other (fairseq-generate's test set, fairseq-interactive's and the
+        hub's lines), a line too long for the model is skipped with an error
+        naming it, and every other line is translated."""
+        if dataset in self._training_datasets:
             return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
         indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
         for i in ignored:
@@ -92,16 +99,15 @@ class InsertionTranslationTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
         _tolerate_invalid_utf8_stdin()
-        self.constraint_order = getattr(args, "constraints", None)
-        if self.constraint_order is not None and str(self.constraint_order) not in CONSTRAINT_ORDERS:
+        constraint_order = getattr(args, "constraints", None)
+        if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
             raise ValueError("--constraints is ordered or unordered; constraints as text need the insertion hub "
-                             "interface, fairseq_insertion.constraints."
+                             "interface, fairseq_insertion.hub."
                              "from_pretrained(...) or InsertionHubInterface.from_hub(hub); "
-                             f"got constraints={self.constraint_order!r}")
-        if self.cfg.constraints_file:
-            self.constraints_file = ConstraintsFile(self.cfg.constraints_file,
-                                                    {split: len(ds) for split, ds in self.datasets.items()})
+                             f"got constraints={constraint_order!r}")
+        if self.constraints_file is not None:
+            self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
         return InsertionGenerator(
             self.target_dictionary,
             decoding=str(self.cfg.decoding),
@@ -111,40 +117,38 @@ class InsertionTranslationTask(TranslationTask):
             max_iterations=self.cfg.max_iterations,
             retain_history=getattr(args, "retain_iter_history", False),
             src_dict=self.source_dictionary,
-            constraint_order=self.constraint_order,
+            constraint_order=constraint_order,
         )
 
-    # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (constraints.py)
-    def build_tokenizer(self, args):
-        return self._constraint_encoder("tokenizer", super().build_tokenizer(args), last=False)
+    # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (hub.py)
+    def build_tokenizer(self, args) -> ConstraintEncoder:
+        """The tokenizer as fairseq-interactive's encoder of ``--constraints`` (decode: the tokenizer's); the
+        raw one goes to :attr:`text_encoders`."""
+        self.text_encoders.tokenizer = super().build_tokenizer(args)
+        return ConstraintEncoder(self.text_encoders.tokenizer, self.target_dictionary, last=False)
 
-    def build_bpe(self, args):
-        return self._constraint_encoder("bpe", super().build_bpe(args), last=True)
-
-    def _constraint_encoder(self, kind: str, inner, last: bool):
-        """Record the encoder (--constraints-file uses it); with --constraints, wrap it so that template gaps
-        survive fairseq-interactive's encoding of constraints (built after build_generator)."""
-        self._encoders[kind] = inner
-        if not self.constraint_order or self.cfg.constraints_file:
-            return inner
-        return ConstraintEncoder(inner, self.target_dictionary, last, self._encoding)
+    def build_bpe(self, args) -> ConstraintEncoder:
+        """The BPE as fairseq-interactive's encoder of ``--constraints``; the raw one goes to
+        :attr:`text_encoders`."""
+        self.text_encoders.bpe = super().build_bpe(args)
+        return ConstraintEncoder(self.text_encoders.bpe, self.target_dictionary, last=True)
 
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
-        self._encoding["encoding_source"] = True
-        try:
-            return super().get_interactive_tokens_and_lengths(lines, encode_fn)
-        finally:
-            self._encoding["encoding_source"] = False
+        """fairseq-interactive's source lines. ``encode_fn`` is built from the constraint encoders
+        :meth:`build_tokenizer`/:meth:`build_bpe` return, so sources go through the raw ones instead."""
+        return super().get_interactive_tokens_and_lengths(lines, self.text_encoders.encode)
 
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        if constraints is None and self.constraints_file is not None:
-            tok, bpe = self._encoders.get("tokenizer"), self._encoders.get("bpe")
-
-            def encode_fn(x: str) -> str:
-                x = tok.encode(x) if tok is not None else x
-                return bpe.encode(x) if bpe is not None else x
-
-            constraints = self.constraints_file.packed(sample["id"].tolist(), encode_fn, self.target_dictionary)
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None,
+                       constraints_by_id: Optional[Tensor] = None):
+        """``constraints``: packed (B, C), fairseq-interactive's. Else ``constraints_by_id``: packed (N, C)
+        for every sentence id (the hub's, through ``inference_step_args``), rows taken for the batch's ids;
+        else those of ``--constraints-file``."""
+        if constraints is None and constraints_by_id is not None:
+            constraints = constraints_by_id[sample["id"].cpu()]  # (B, C)
+        elif constraints is None and self.constraints_file is not None:
+            constraints = self.constraints_file.packed(sample["id"].tolist(), self.text_encoders.encode,
+                                                       self.target_dictionary)  # (B, C)
+        if constraints is not None:
             constraints = constraints.to(sample["net_input"]["src_tokens"].device)
         return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 

@@ -2,9 +2,22 @@
 lines, unknown words, invalid UTF-8 and a dictionary that does not match the
 checkpoint. Each is named in a message; every other line is translated."""
 
-import pytest
+import logging
 
-from tests.utils import PLUGIN, generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
+import numpy as np
+import pytest
+import torch
+
+from tests.utils import (
+    PLUGIN,
+    build_task,
+    generate_args,
+    parse_generate,
+    preprocess,
+    run,
+    train_args,
+    write_reverse_corpus,
+)
 
 LONG = " ".join(f"w{i % 24}" for i in range(40))  # 41 tokens with eos: over --max-source-positions 30
 TEST = ["w1 w2 w3", "", LONG, "w4 zz1 w5 zz2", "w6 w7"]  # ids 1 empty, 2 too long, 3 two unknown words
@@ -31,6 +44,25 @@ def test_generate_names_bad_lines_and_translates_the_rest(trained):
     assert "sentence 1: empty source line" in log
     assert parse_generate(proc.stdout, "H")["1"][1] == ""
     assert "sentence 3: 2 unknown source word(s)" in log
+
+
+def test_the_size_rule_follows_how_the_dataset_was_made(trained, caplog):
+    """Loaded for training: fairseq's rule. Loaded with a checkpoint's task config (fairseq-generate) or
+    built from lines (interactive, hub): the over-long line is skipped and named."""
+    task, _ = build_task(trained / "bin")
+    indices, limit, rest = np.arange(len(TEST)), (30, 30), [0, 1, 3, 4]
+    task.load_dataset("test")  # as fairseq-train loads its splits
+    with pytest.raises(Exception, match="skip-invalid-size-inputs-valid-test"):
+        task.filter_indices_by_size(indices, task.dataset("test"), limit)
+    assert list(task.filter_indices_by_size(indices, task.dataset("test"), limit, ignore_invalid_inputs=True)) == rest
+    task.load_dataset("test", task_cfg=task.cfg)  # as fairseq-generate loads its test set
+    lines = [task.source_dictionary.encode_line(x, add_if_not_exist=False).long() for x in TEST]
+    inference = task.build_dataset_for_inference(lines, torch.tensor([len(t) for t in lines]))
+    for dataset in (task.dataset("test"), inference):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="fairseq_insertion.task"):
+            assert list(task.filter_indices_by_size(indices, dataset, limit)) == rest
+        assert "skipped 1 over-long sentence(s): ids [2]" in caplog.text
 
 
 def test_interactive_names_bad_lines_and_translates_the_rest(trained):

@@ -320,7 +320,7 @@ def test_interactive_constraints_and_templates(trained):
 def test_hub_translate_with_constraints(trained):
     from fairseq.hub_utils import GeneratorHubInterface
 
-    from fairseq_insertion.constraints import InsertionHubInterface, from_pretrained
+    from fairseq_insertion.hub import InsertionHubInterface, from_pretrained
     from fairseq_insertion.model import InsertionTransformerModel
 
     kwargs = dict(checkpoint_file="checkpoint_last.pt", data_name_or_path=str(trained / "bin"), max_len_b=10)
