@@ -1,0 +1,85 @@
+"""The package's modules import one another one way only, down this order:
+canvas <- model <- criterion, generator <- constraints <- task <- hub <- the
+package. Checked statically (importing a submodule runs the package's
+``__init__``, which imports them all), imports inside functions included."""
+
+import ast
+from pathlib import Path
+from typing import Dict, Set
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
+NAME = PACKAGE.name
+LAYERS = ["canvas", "model", "criterion", "generator", "constraints", "task", "hub", "__init__"]
+
+
+def sibling_imports(source: str, module: str) -> Set[str]:
+    """Sibling modules of the package that ``source`` (the module ``module``) imports, anywhere in it."""
+    siblings = set(LAYERS) - {"__init__"}
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == NAME:
+                    found.add(parts[1] if len(parts) > 1 else "__init__")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > 1:
+                continue  # outside the package
+            if node.level == 1:
+                parts = (node.module or "").split(".") if node.module else []
+            elif node.module and node.module.split(".")[0] == NAME:
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            if parts:  # from .x import y / from fairseq_insertion.x import y
+                found.add(parts[0])
+            else:  # from . import x / from fairseq_insertion import x: x is a module or a name of __init__
+                found.update(a.name if a.name in siblings else "__init__" for a in node.names)
+    found.discard(module)
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    return {p.stem: sibling_imports(p.read_text(), p.stem) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    assert sorted(import_graph()) == sorted(LAYERS)
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph()
+    upward = [f"{m} imports {d}" for m, deps in graph.items() for d in sorted(deps)
+              if LAYERS.index(d) >= LAYERS.index(m)]
+    assert not upward, upward
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    done: Set[str] = set()
+
+    def visit(m: str, path: tuple) -> None:
+        assert m not in path, " -> ".join(path + (m,))
+        if m in done:
+            return
+        for d in graph.get(m, ()):
+            visit(d, path + (m,))
+        done.add(m)
+
+    for m in graph:
+        visit(m, ())
+
+
+def test_the_check_sees_upward_and_lazy_imports():
+    assert sibling_imports("from . import hub\n", "model") == {"hub"}
+    assert sibling_imports("def f():\n    from .hub import X\n", "model") == {"hub"}
+    assert sibling_imports("import fairseq_insertion.task\n", "model") == {"task"}
+    assert sibling_imports("from fairseq_insertion import task as t\n", "model") == {"task"}
+    assert sibling_imports("from fairseq.models import X\nfrom . import canvas as C\n", "model") == {"canvas"}
+
+
+def test_the_hub_is_what_from_pretrained_returns():
+    from fairseq_insertion.hub import InsertionHubInterface
+    from fairseq_insertion.model import InsertionTransformerModel
+
+    assert InsertionTransformerModel.hub_interface is InsertionHubInterface
