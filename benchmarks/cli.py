@@ -61,22 +61,34 @@ def decode_flags(parser: argparse.ArgumentParser) -> None:
                    help="longest output = a x source length + b, for every system and the distillation "
                         "(fairseq's --max-len-a/--max-len-b; default a=1.2, b=10; quick a=0, b=20)")
     g.add_argument("--max-len-b", type=int, help="see --max-len-a (default 10; quick 20)")
+    g.add_argument("--repeat", type=int, default=1,
+                   help="run every timed decode N times and report the median seconds (default 1)")
 
 
 def build_parser(doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=doc.split(":")[0] + ".",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
-    parser.add_argument("--out", type=Path, required=True, help="work and results directory")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="work and results directory; a run into an existing OUT reuses its finished "
+                             "trainings and distillation")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model, 2,000 training lines, 48 test lines, 30 updates: proves the pipeline")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     parser.add_argument("--jobs", type=int, default=1,
                         help="trainings and EOS sweeps run this many at a time (timed decodes always alone)")
-    parser.add_argument("--systems", nargs="+", default=None, help="only these systems (default: all)")
+    parser.add_argument("--systems", nargs="+", default=None,
+                        help="only these systems (default: all); the rows of other systems already in "
+                             "OUT/results.json are kept, each naming the machine that produced it")
     parser.add_argument("--extras", action="store_true",
                         help="also warm start from the teacher and --canvases-per-sentence 2 (distilled)")
     parser.add_argument("--render", action="store_true",
                         help="only recompute the ratios, targets and OUT/results.md from OUT/results.json")
+    parser.add_argument("--time-only", action="store_true",
+                        help="train nothing: re-time (batch 1 and 128, one at a time) every system of --systems "
+                             "(default: every system in OUT/results.json, --extras included) whose training run "
+                             "has OUT/<run>/checkpoint_last.pt, and update their timing fields, the "
+                             "ratios and OUT/results.json's timing_runs (the machine of this timing run); output "
+                             "limits and the batch-1 slice default to the earlier run's")
     model_flags(parser)
     data_flags(parser)
     decode_flags(parser)
@@ -105,4 +117,5 @@ def make_setup(args: argparse.Namespace, data: Path, n_test: int) -> Setup:
         batch1=min(n_test if args.batch1_sentences is None else args.batch1_sentences, n_test),
         tau=args.tau,
         threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
+        repeat=max(1, args.repeat),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 from dataclasses import dataclass
 from enum import Enum
@@ -59,6 +60,7 @@ class Setup:
     batch1: int  # batch-1 timing on the first ``batch1`` test sentences
     tau: float = 1.0
     threads: int = 1  # OMP threads of a shared step (trainings, sweeps, distillation)
+    repeat: int = 1  # each timed decode runs this many times; the median seconds are reported
 
     @property
     def teacher_checkpoint(self) -> Path:
@@ -82,8 +84,9 @@ def env_threads(n: int) -> None:
 
 
 # --------------------------------------------------------------------- steps
-def train(setup: Setup, training: Training) -> dict:
-    """One training run into ``OUT/<run>``; a finished one (``train.json``) is reused."""
+def train(setup: Setup, training: Training, machine: str) -> dict:
+    """One training run into ``OUT/<run>``; a finished one (``train.json``, which names the
+    machine that trained it) is reused."""
     save = setup.out / training.name
     marker = save / "train.json"
     if marker.is_file() and (save / "checkpoint_last.pt").is_file():
@@ -100,6 +103,7 @@ def train(setup: Setup, training: Training) -> dict:
     data_dir = setup.distilled_bin if training.distilled else R.data_bin(setup.data)
     result = R.train(data_dir, save, model=training.model, size=setup.size, updates=setup.updates,
                      device=setup.device, max_tokens=setup.max_tokens, extra=flags, **options)
+    result["machine"] = machine
     marker.write_text(json.dumps(result, indent=2))
     return result
 
@@ -131,13 +135,19 @@ def sweep(setup: Setup, system: System, model: str) -> dict:
 
 def timed_decode(setup: Setup, system: System, model: str, batch: int, beta: float) -> dict:
     """The test set at ``batch`` (its first ``setup.batch1`` sentences at batch 1), with the
-    machine to itself: BLEU, iterations and fairseq's generation seconds."""
+    machine to itself, ``setup.repeat`` times: BLEU and iterations (the same each time) and the
+    median of fairseq's generation seconds (all of them in ``decode_seconds_runs``)."""
     env_threads(os.cpu_count() or 1)
     beta = 0.0 if model == "transformer" else beta
     out = setup.out / "decode" / system.name / f"test.batch{batch}.out"
-    r = R.decode(setup.data, setup.checkpoint(system.training), model, out, eos_penalty=beta, batch_size=batch,
-                 head=setup.batch1 if batch == 1 else None, **setup.limits(), **system.decoding)
-    return {**r, "eos_penalty": beta}
+    runs = [R.decode(setup.data, setup.checkpoint(system.training), model, out, eos_penalty=beta, batch_size=batch,
+                     head=setup.batch1 if batch == 1 else None, **setup.limits(), **system.decoding)
+            for _ in range(max(1, setup.repeat))]
+    result = {**runs[-1], "eos_penalty": beta}
+    if len(runs) > 1:
+        result["decode_seconds_runs"] = [r["decode_seconds"] for r in runs]
+        result["decode_seconds"] = statistics.median(result["decode_seconds_runs"])
+    return result
 
 
 def probe_label_tau(setup: Setup) -> str:

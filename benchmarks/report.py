@@ -3,6 +3,7 @@ markdown table and the iterations plot. Nothing here runs fairseq."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from examples.multi30k.recipe import plot_iterations
@@ -27,8 +28,15 @@ def add_ratios(results: dict) -> None:
         for peer, tag in PEERS:
             other = by_name.get(peer + suffix, {})
             for key, prefix, inverse in RATIOS:
-                row[prefix + tag] = T.compute("inverse_ratio" if inverse else "ratio", row.get(key), other.get(key))
-    results["targets"] = T.evaluate(rows, results["device"])
+                row[prefix + tag] = T.between("inverse_ratio" if inverse else "ratio", key, row, other)
+    timing_runs = results.get("timing_runs") or [results]
+    results["targets"] = T.evaluate(rows, timing_runs[-1]["device"])  # the goals of the latest timings' device
+
+
+def save(out: Path, results: dict) -> None:
+    """``OUT/results.json`` and its table ``OUT/results.md``."""
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
 
 
 def fmt(x, digits: int = 2) -> str:
@@ -64,6 +72,19 @@ def target_lines(results: dict) -> list[str]:
     return lines
 
 
+def provenance(results: dict) -> list[str]:
+    """Notes on rows measured elsewhere than the run's machine (a resumed run)."""
+    by_machine: dict[str, list[str]] = {}
+    for r in results["systems"]:
+        if r.get("machine") not in (None, results["machine"]):
+            by_machine.setdefault(r["machine"], []).append(r["name"])
+    notes = [f"measured on {m}: {', '.join(names)}." for m, names in by_machine.items()]
+    for t in results.get("timing_runs", []):
+        notes.append(f"decode times re-measured (--time-only, median of {t['repeat']}) on {t['machine']} "
+                     f"({t['device']}), {t['started']}: {', '.join(t['systems']) or 'no system'}.")
+    return notes
+
+
 def markdown(results: dict) -> str:
     lines = [
         f"Machine: {results['machine']} ({results['device']}); {results['updates']} updates per system; "
@@ -73,7 +94,7 @@ def markdown(results: dict) -> str:
         *system_lines(results),
         *target_lines(results),
     ]
-    for note in results.get("notes", []):
+    for note in results.get("notes", []) + provenance(results):
         lines += ["", f"Note: {note}"]
     if results.get("failed"):
         lines += ["", "Failed steps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in results["failed"].items())]

@@ -6,9 +6,14 @@ repository root:
     python -m benchmarks.run --out bench --raw-dir ../shared/data/multi30k            # full mode
     python -m benchmarks.run --out bench-quick --raw-dir ../shared/data/multi30k --quick
     python -m benchmarks.run --out bench --render     # ratios, targets and table again from the JSON
+    python -m benchmarks.run --out bench --time-only --repeat 5   # re-time bench's checkpoints, no training
 
 Writes ``OUT/results.json`` (after every finished step), ``OUT/results.md`` (the table) and
-``OUT/iterations.png``. Every figure comes from a fairseq command recorded next to it:
+``OUT/iterations.png``. A run into the same OUT resumes: finished trainings and the
+distillation are reused, and with ``--systems`` the rows of the other systems are kept; each
+row names the machine that produced it (``machine``, and ``timing_machine`` after
+``--time-only``), so a run can go on on another machine. Every figure comes from a fairseq
+command recorded next to it:
 
 * BLEU: detokenised sacreBLEU on test_2016_flickr (``examples/multi30k/score.py``), with the
   EOS penalty chosen on valid for the insertion and NAT systems (``--betas``).
@@ -32,7 +37,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from examples.multi30k import recipe as R
@@ -41,6 +46,7 @@ from examples.multi30k.prepare import prepare
 from . import cli, plan, report
 from .jobs import Setup, probe_label_tau
 from .machine import machine_info, versions
+from .retime import time_only
 from .schedule import Ledger, run_alone, run_shared
 from .systems import System, Training, select
 
@@ -54,24 +60,32 @@ class ResultsFile:
     ledger: Ledger
     systems: dict[str, System]
     started: float
+    earlier: dict = field(default_factory=dict)  # an earlier run's results (rows this one does not redo)
 
     def write(self) -> None:
-        plan.collect(self.results, self.ledger, self.systems)
+        plan.collect(self.results, self.ledger, self.systems, self.earlier)
         report.add_ratios(self.results)
         self.results["wall_seconds"] = round(time.time() - self.started, 1)
-        save(self.out, self.results)
+        report.save(self.out, self.results)
 
 
-def save(out: Path, results: dict) -> None:
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(report.markdown(results))
+def earlier_results(out: Path) -> dict:
+    """``OUT/results.json`` of an earlier run (maybe on another machine), each row naming its
+    machine: a run resumed with ``--systems`` keeps the rows and trainings it does not redo."""
+    path = out / "results.json"
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    for r in earlier.get("systems", []):
+        r.setdefault("machine", earlier.get("machine"))
+    return earlier
 
 
 def render(out: Path) -> int:
     """Ratios, targets and the table again from ``OUT/results.json`` (nothing is run)."""
     results = json.loads((out / "results.json").read_text())
     report.add_ratios(results)
-    save(out, results)
+    report.save(out, results)
     print(report.markdown(results))
     return 0
 
@@ -97,6 +111,7 @@ def header(args: argparse.Namespace, setup: Setup, n_test: int, argv: list[str],
         "max_len_b": setup.max_len_b,
         "test_set": "test_2016_flickr" + (f" (first {n_test} lines)" if args.quick or args.test_lines else ""),
         "test_sentences": n_test,
+        "data": str(setup.data),
         "batch1_sentences": setup.batch1,
         "mode": "quick" if args.quick else "full",
         "jobs": args.jobs,
@@ -114,7 +129,8 @@ def run_all(setup: Setup, file: ResultsFile, trainings: dict[str, Training], job
     """Trainings, distillation and sweeps (``jobs`` at a time), then the timed decodes alone."""
     if any(t.model == "fairseq_nat" for t in trainings.values()):
         file.results["notes"].append(probe_label_tau(setup))
-    run_shared(plan.shared_jobs(setup, file.systems, trainings), jobs, file.ledger, file.write)
+    run_shared(plan.shared_jobs(setup, file.systems, trainings, file.results["machine"]), jobs, file.ledger,
+               file.write)
     run_alone(plan.timed_jobs(setup, file.systems, trainings, file.ledger), file.ledger, file.write)
     file.write()
     plotted = report.plot(file.results, setup.out)
@@ -131,18 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         return render(args.out)
-    cli.fill_defaults(args)
     try:
-        systems, trainings = select(args.systems, args.extras)
+        systems, trainings = select(args.systems, args.extras or args.time_only)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.time_only:
+        return time_only(args, systems, trainings)
+    cli.fill_defaults(args)
     started = time.time()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = prepared_data(args, out)
     n_test = len(R.read_reference(data / "raw" / "test.tgt"))
     setup = cli.make_setup(args, data, n_test)
-    file = ResultsFile(out, header(args, setup, n_test, argv, started), Ledger(), systems, started)
+    file = ResultsFile(out, header(args, setup, n_test, argv, started), Ledger(), systems, started,
+                       earlier_results(out))
     return run_all(setup, file, trainings, args.jobs)
 
 

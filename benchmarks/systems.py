@@ -94,7 +94,7 @@ EXTRA_SYSTEMS: dict[str, System] = {
 def select(names: list[str] | None, extras: bool,
            train_teacher: bool = True) -> tuple[dict[str, System], dict[str, Training]]:
     """The systems to run (all, or ``names``) and every training they need, in table order:
-    with ``train_teacher``, the teacher's too when a distilled run needs the distillation.
+    with ``train_teacher``, the teacher's too when a distilled run needs it.
     Raises ``ValueError`` naming the unknown systems."""
     systems = {**SYSTEMS, **(EXTRA_SYSTEMS if extras else {})}
     trainings = {**TRAININGS, **(EXTRA_TRAININGS if extras else {})}
@@ -107,6 +107,12 @@ def select(names: list[str] | None, extras: bool,
     if train_teacher and any(trainings[t].distilled for t in needed):
         needed.add(TEACHER_RUN)
     return systems, {k: v for k, v in trainings.items() if k in needed}
+
+
+def table_position(name: str) -> int:
+    """Where a system's row stands in results.json: table order, unknown names last."""
+    names = [*SYSTEMS, *EXTRA_SYSTEMS]
+    return names.index(name) if name in names else len(names)
 
 
 def timing_order(systems: Mapping[str, System]) -> list[System]:

@@ -16,19 +16,26 @@ def load(path: Path = TARGETS) -> list[dict]:
     return json.loads(path.read_text())["targets"]
 
 
-def pick(side: Mapping, by_name: Mapping[str, dict]) -> tuple[str | None, float | None]:
-    """The system a side names (or the best of its pattern) and its value; (None, None) if absent."""
-    if "best_of" in side:
-        rows = [r for name, r in by_name.items()
-                if fnmatch.fnmatchcase(name, side["best_of"]) and r.get(side["by"]) is not None]
-        if not rows:
-            return None, None
-        row = max(rows, key=lambda r: r[side["by"]])
-    else:
-        row = by_name.get(side["system"])
-        if row is None:
-            return None, None
-    return row["name"], row.get(side["key"])
+def pick(side: Mapping, by_name: Mapping[str, dict]) -> dict:
+    """The row a side names (or the best of its pattern); empty if there is none."""
+    if "best_of" not in side:
+        return by_name.get(side["system"], {})
+    rows = [r for name, r in by_name.items()
+            if fnmatch.fnmatchcase(name, side["best_of"]) and r.get(side["by"]) is not None]
+    return max(rows, key=lambda r: r[side["by"]]) if rows else {}
+
+
+def comparable(key: str, a: Mapping, b: Mapping) -> bool:
+    """Decode seconds compare only between rows timed on the same machine (where rows say)."""
+    if not key.startswith("decode_seconds"):
+        return True
+    on_a, on_b = (r.get("timing_machine") or r.get("machine") for r in (a, b))
+    return on_a is None or on_b is None or on_a == on_b
+
+
+def between(kind: str, key: str, a: Mapping, b: Mapping, key_b: str | None = None) -> float | None:
+    """``compute`` on ``a[key]`` and ``b[key_b or key]``; None for rows timed on different machines."""
+    return compute(kind, a.get(key), b.get(key_b or key)) if comparable(key, a, b) else None
 
 
 def compute(kind: str, a: float | None, b: float | None) -> float | None:
@@ -60,13 +67,12 @@ def evaluate(rows: list[dict], device: str, targets: list[dict] | None = None) -
     by_name = {r["name"]: r for r in rows}
     out = []
     for target in load() if targets is None else targets:
-        name_a, a = pick(target["a"], by_name)
-        name_b, b = pick(target["b"], by_name)
-        value = compute(target["compute"], a, b)
+        a, b = pick(target["a"], by_name), pick(target["b"], by_name)
+        value = between(target["compute"], target["a"]["key"], a, b, target["b"]["key"])
         goal, text = goal_of(target, device)
         met = None
         if value is not None and goal is not None:
             met = value >= goal if target["direction"] == ">=" else value <= goal
-        metric = target["metric"].replace("{a}", name_a or "none").replace("{b}", name_b or "none")
+        metric = target["metric"].replace("{a}", a.get("name", "none")).replace("{b}", b.get("name", "none"))
         out.append({"metric": metric, "target": text, "value": value, "met": met})
     return out

@@ -1,0 +1,121 @@
+"""The benchmark's parts that run no fairseq command: the targets and the table from a
+hand-made results dict, resuming, and the scheduler."""
+
+import json
+from functools import partial
+from pathlib import Path
+
+from benchmarks import cli, plan, report, systems
+from benchmarks import targets as T
+from benchmarks.jobs import DISTILL, Key, Step
+from benchmarks.schedule import Job, Ledger, run_alone, run_shared
+
+
+def hand_made_results(device="cpu") -> dict:
+    def row(name, bleu, t1, t128, tok=100.0, it=None, bound=None, machine="m1"):
+        return {"name": name, "data": "distilled" if "_distilled" in name else "raw", "bleu": bleu,
+                "eos_penalty": 0.0, "mean_iterations": it, "mean_log2_bound": bound, "decode_seconds_batch1": t1,
+                "decode_seconds_batch128": t128, "train_target_tokens_per_s": tok, "machine": machine}
+
+    rows = [
+        row("ar_greedy", 20.0, 2.0, 4.0, tok=200.0),
+        row("insertion_binary_tree_parallel", 12.0, 1.0, 2.0, tok=150.0),
+        row("ar_greedy_distilled", 19.0, 2.0, 4.0),
+        row("fairseq_nat_insertion_distilled", 14.0, 1.0, 3.0),
+        row("insertion_binary_tree_parallel_distilled", 17.0, 0.8, 1.6, it=4.5, bound=3.7),
+        row("insertion_uniform_parallel_distilled", 17.5, 0.9, 2.5, machine="m2"),
+    ]
+    return {"machine": "m1", "device": device, "updates": 10, "arch": "tiny", "max_tokens": 64,
+            "test_set": "t", "batch1_sentences": 4, "systems": rows, "notes": [], "failed": {}}
+
+
+def test_targets_from_the_data_file_on_hand_made_rows():
+    results = hand_made_results()
+    report.add_ratios(results)
+    by_metric = {t["metric"]: t for t in results["targets"]}
+    assert len(by_metric) == len(T.load())
+    batch1 = by_metric["decode time at batch 1, plugin parallel / AR greedy (distilled)"]
+    assert batch1 == {"metric": batch1["metric"], "target": "<= 0.5 (CPU)", "value": 0.4, "met": True}
+    throughput = by_metric["decode throughput at batch 128, plugin parallel / AR greedy (distilled)"]
+    assert (throughput["value"], throughput["met"]) == (2.5, True)
+    best = by_metric["test BLEU, best plugin parallel system (insertion_uniform_parallel_distilled) / AR greedy"]
+    assert (best["value"], best["met"]) == (0.875, True)
+    rerank = by_metric["test BLEU, best reranked plugin system (none) / AR greedy"]
+    assert (rerank["value"], rerank["met"]) == (None, None)
+    iterations = by_metric["mean parallel iterations - mean floor(log2 n)+1 (binary tree, distilled)"]
+    assert (iterations["value"], iterations["met"]) == (0.8, True)
+    train = by_metric["training target tokens/s, plugin / AR transformer"]
+    assert (train["target"], train["value"], train["met"]) == ("reported", 0.75, None)
+    rows = {r["name"]: r for r in results["systems"]}
+    assert rows["insertion_binary_tree_parallel"]["decode_time_ratio_batch1_vs_ar_greedy"] == 0.5
+    # timed on another machine: no timing ratio against this run's AR rows
+    assert rows["insertion_uniform_parallel_distilled"]["decode_time_ratio_batch1_vs_ar_greedy"] is None
+    table = report.markdown(results)
+    assert all(f"| {r['name']} |" in table for r in results["systems"])
+    assert "| decode time at batch 1, plugin parallel / AR greedy (distilled) | <= 0.5 (CPU) | 0.400 | yes |" in table
+    assert "Note: measured on m2: insertion_uniform_parallel_distilled." in table
+
+
+def test_goals_follow_the_device_and_the_data_file(tmp_path):
+    results = hand_made_results("cuda")
+    report.add_ratios(results)
+    goals = {t["metric"]: t["target"] for t in results["targets"]}
+    assert goals["decode time at batch 1, plugin parallel / AR greedy (distilled)"] == "<= 0.35 (GPU)"
+    custom = tmp_path / "targets.json"
+    custom.write_text(json.dumps({"targets": [{"metric": "x", "compute": "ratio", "goal": 0.1, "direction": "<=",
+                                               "a": {"system": "ar_greedy", "key": "bleu"},
+                                               "b": {"system": "ar_greedy_distilled", "key": "bleu"}}]}))
+    [x] = T.evaluate(results["systems"], "cpu", T.load(custom))
+    assert x == {"metric": "x", "target": "<= 0.1", "value": round(20 / 19, 3), "met": False}
+
+
+def test_committed_results_render_unchanged(tmp_path):
+    """--render on a committed results.json gives the committed table back."""
+    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    for name in ("cpu_2core_d64_500updates", "h200_800updates_incomplete"):
+        results = json.loads((committed / f"{name}.json").read_text())
+        report.add_ratios(results)
+        assert report.markdown(results) == (committed / f"{name}.md").read_text(), name
+
+
+def test_scheduler_records_failures_and_skips_what_depends_on_them():
+    def step(name, fail=False):
+        if fail:
+            raise RuntimeError(name)
+        return {"name": name}
+
+    train = partial(Key, Step.TRAIN)
+    ledger, calls = Ledger(), []
+    shared = [Job(train("a"), partial(step, "a")), Job(train("b"), partial(step, "b", True)),
+              Job(DISTILL, partial(step, "d"), (train("a"),), first=True), Job(train("c"), partial(step, "c"),
+                                                                                 (train("b"),))]
+    run_shared(shared, 2, ledger, lambda: calls.append(len(ledger.done)))
+    run_alone([Job(Key(Step.TEST, "s", 1), partial(step, "t"), (DISTILL,)),
+               Job(Key(Step.TEST, "u", 1), partial(step, "u"), (train("c"),))], ledger, lambda: None)
+    assert {str(k) for k in ledger.done} == {"train:a", "distill", "test1:s"}
+    assert {str(k): v for k, v in ledger.failed.items()} == {
+        "train:b": "RuntimeError: b", "train:c": "skipped: a step it needs failed",
+        "test1:u": "skipped: a step it needs failed"}
+    assert len(calls) == 3  # after every finished shared step
+
+
+def test_every_flag_has_help():
+    parser = cli.build_parser("Benchmark: doc.")
+    assert all(a.help for a in parser._actions), [a.dest for a in parser._actions if not a.help]
+
+
+def test_a_resumed_run_keeps_the_earlier_rows_and_trainings_with_their_machine():
+    earlier = {"trainings": {"ar": {"machine": "old"}},
+               "systems": [{"name": "insertion_binary_tree_parallel", "machine": "old"},
+                           {"name": "ar_greedy", "machine": "old", "timing_machine": "gpu"}],
+               "timing_runs": [{"machine": "gpu", "systems": ["insertion_binary_tree_parallel", "ar_greedy"]}]}
+    chosen, _ = systems.select(["insertion_binary_tree_parallel"], extras=False)
+    ledger = Ledger()
+    ledger.done[Key(Step.TRAIN, "binary_tree")] = {"train_target_tokens_per_s": 5.0, "machine": "new"}
+    results = {"machine": "new"}
+    plan.collect(results, ledger, chosen, earlier)
+    assert [(r["name"], r["machine"]) for r in results["systems"]] == [
+        ("ar_greedy", "old"), ("insertion_binary_tree_parallel", "new")]
+    assert results["timing_runs"] == [{"machine": "gpu", "systems": ["ar_greedy"]}]
+    assert results["trainings"] == {"ar": {"machine": "old"},
+                                    "binary_tree": ledger.done[Key(Step.TRAIN, "binary_tree")]}
