@@ -49,6 +49,13 @@ def data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-lines", type=int, help="first N training lines only (default: all; quick 2000)")
     g.add_argument("--test-lines", type=int, help="first N valid and test lines only (default: all; quick 48)")
     g.add_argument("--bpe-merges", type=int, help="joint BPE merges (default 8000; quick 1000)")
+    g.add_argument("--teacher", type=Path, default=None,
+                   help="an existing fairseq transformer checkpoint as the distillation teacher (and the warm "
+                        "start's), instead of training OUT/ar for it; its embedding tables must fit the "
+                        "data's dictionaries")
+    g.add_argument("--distilled", type=Path, default=None,
+                   help="an existing distilled data-bin directory (fairseq-preprocess output with the data's "
+                        "dict.src.txt and dict.tgt.txt) for the *_distilled systems, instead of distilling")
 
 
 def decode_flags(parser: argparse.ArgumentParser) -> None:
@@ -118,4 +125,6 @@ def make_setup(args: argparse.Namespace, data: Path, n_test: int) -> Setup:
         tau=args.tau,
         threads=max(1, (os.cpu_count() or 1) // max(1, args.jobs)),
         repeat=max(1, args.repeat),
+        teacher=args.teacher.resolve() if args.teacher else None,
+        distilled=args.distilled.resolve() if args.distilled else None,
     )

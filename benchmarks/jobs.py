@@ -61,14 +61,16 @@ class Setup:
     tau: float = 1.0
     threads: int = 1  # OMP threads of a shared step (trainings, sweeps, distillation)
     repeat: int = 1  # each timed decode runs this many times; the median seconds are reported
+    teacher: Path | None = None  # --teacher: an existing AR checkpoint instead of OUT/ar's
+    distilled: Path | None = None  # --distilled: an existing distilled data-bin instead of distilling
 
     @property
     def teacher_checkpoint(self) -> Path:
-        return self.checkpoint(TEACHER_RUN)
+        return self.teacher or self.checkpoint(TEACHER_RUN)
 
     @property
     def distilled_bin(self) -> Path:
-        return self.out / "data-bin-distilled"
+        return self.distilled or self.out / "data-bin-distilled"
 
     def checkpoint(self, run: str) -> Path:
         return self.out / run / "checkpoint_last.pt"

@@ -19,10 +19,10 @@ def shared_jobs(setup: Setup, systems: dict[str, System], trainings: dict[str, T
                 machine: str) -> list[Job]:
     """Trainings (raw first), the distillation (when a distilled run needs it) and the EOS sweeps."""
     jobs = []
-    distilling = any(t.distilled for t in trainings.values())
-    teacher: tuple[Key, ...] = (Key(Step.TRAIN, TEACHER_RUN),)
+    distilling = setup.distilled is None and any(t.distilled for t in trainings.values())
+    teacher: tuple[Key, ...] = (Key(Step.TRAIN, TEACHER_RUN),) if setup.teacher is None else ()
     for t in sorted(trainings.values(), key=lambda t: (t.distilled, t.name)):
-        deps: tuple[Key, ...] = (DISTILL,) if t.distilled else ()
+        deps: tuple[Key, ...] = (DISTILL,) if t.distilled and distilling else ()
         if t.warm_start:
             deps += teacher
         jobs.append(Job(Key(Step.TRAIN, t.name), partial(J.train, setup, t, machine), deps))

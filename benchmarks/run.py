@@ -7,6 +7,7 @@ repository root:
     python -m benchmarks.run --out bench-quick --raw-dir ../shared/data/multi30k --quick
     python -m benchmarks.run --out bench --render     # ratios, targets and table again from the JSON
     python -m benchmarks.run --out bench --time-only --repeat 5   # re-time bench's checkpoints, no training
+    python -m benchmarks.run --out bench --teacher AR.pt --distilled DISTILLED_BIN   # reuse both
 
 Writes ``OUT/results.json`` (after every finished step), ``OUT/results.md`` (the table) and
 ``OUT/iterations.png``. A run into the same OUT resumes: finished trainings and the
@@ -44,6 +45,7 @@ from examples.multi30k import recipe as R
 from examples.multi30k.prepare import prepare
 
 from . import cli, plan, report
+from .checks import CheckError, check_distilled, check_teacher
 from .jobs import Setup, probe_label_tau
 from .machine import machine_info, versions
 from .retime import time_only
@@ -99,6 +101,14 @@ def prepared_data(args: argparse.Namespace, out: Path) -> Path:
     return data
 
 
+def check_given(setup: Setup) -> None:
+    """``--distilled`` and ``--teacher`` must fit the prepared data (raises CheckError)."""
+    if setup.distilled:
+        check_distilled(R.data_bin(setup.data), setup.distilled)
+    if setup.teacher:
+        check_teacher(setup.teacher, R.data_bin(setup.data))
+
+
 def header(args: argparse.Namespace, setup: Setup, n_test: int, argv: list[str], started: float) -> dict:
     """The run's description at the top of ``results.json``."""
     return {
@@ -118,6 +128,8 @@ def header(args: argparse.Namespace, setup: Setup, n_test: int, argv: list[str],
         "versions": versions(),
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, "-m", "benchmarks.run", *argv]),
+        **({"teacher": str(setup.teacher)} if setup.teacher else {}),
+        **({"distilled_data": str(setup.distilled)} if setup.distilled else {}),
         "notes": [],
         "trainings": {},
         "systems": [],
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return render(args.out)
     try:
-        systems, trainings = select(args.systems, args.extras or args.time_only)
+        systems, trainings = select(args.systems, args.extras or args.time_only, train_teacher=args.teacher is None)
     except ValueError as exc:
         parser.error(str(exc))
     if args.time_only:
@@ -160,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     data = prepared_data(args, out)
     n_test = len(R.read_reference(data / "raw" / "test.tgt"))
     setup = cli.make_setup(args, data, n_test)
+    try:
+        check_given(setup)
+    except CheckError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     file = ResultsFile(out, header(args, setup, n_test, argv, started), Ledger(), systems, started,
                        earlier_results(out))
     return run_all(setup, file, trainings, args.jobs)

@@ -94,7 +94,7 @@ EXTRA_SYSTEMS: dict[str, System] = {
 def select(names: list[str] | None, extras: bool,
            train_teacher: bool = True) -> tuple[dict[str, System], dict[str, Training]]:
     """The systems to run (all, or ``names``) and every training they need, in table order:
-    with ``train_teacher``, the teacher's too when a distilled run needs it.
+    with ``train_teacher``, the teacher's too when a distilled run or a warm start needs it.
     Raises ``ValueError`` naming the unknown systems."""
     systems = {**SYSTEMS, **(EXTRA_SYSTEMS if extras else {})}
     trainings = {**TRAININGS, **(EXTRA_TRAININGS if extras else {})}
@@ -104,7 +104,7 @@ def select(names: list[str] | None, extras: bool,
             raise ValueError(f"unknown systems {unknown}; choose from {sorted(systems)}")
         systems = {k: v for k, v in systems.items() if k in names}
     needed = {s.training for s in systems.values()}
-    if train_teacher and any(trainings[t].distilled for t in needed):
+    if train_teacher and any(trainings[t].distilled or trainings[t].warm_start for t in needed):
         needed.add(TEACHER_RUN)
     return systems, {k: v for k, v in trainings.items() if k in needed}
 

@@ -1,14 +1,56 @@
-"""The benchmark's parts that run no fairseq command: the targets and the table from a
-hand-made results dict, resuming, and the scheduler."""
+"""The benchmark's parts that run no fairseq command: the checks on --teacher/--distilled, the
+targets and the table from a hand-made results dict, the plan and the scheduler."""
 
+import argparse
 import json
 from functools import partial
 from pathlib import Path
 
-from benchmarks import cli, plan, report, systems
+import pytest
+import torch
+
+from benchmarks import checks, cli, plan, report, systems
 from benchmarks import targets as T
-from benchmarks.jobs import DISTILL, Key, Step
+from benchmarks.jobs import DISTILL, Key, Setup, Step
 from benchmarks.schedule import Job, Ledger, run_alone, run_shared
+from examples.multi30k.recipe import Size
+
+WORDS = ["der 10", "die 9", "das 8", "und 7"]
+
+
+def write_dicts(directory: Path, words=WORDS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for side in ("src", "tgt"):
+        (directory / f"dict.{side}.txt").write_text("\n".join(words) + "\n")
+    return directory
+
+
+def test_dictionaries_must_match_naming_the_file_and_the_line(tmp_path):
+    data = write_dicts(tmp_path / "data-bin")
+    same = write_dicts(tmp_path / "same")
+    checks.compare_dictionaries(data / "dict.src.txt", same / "dict.src.txt")
+    other = write_dicts(tmp_path / "other", ["der 10", "die 9", "ein 8", "und 7"])
+    with pytest.raises(checks.CheckError, match=r"other/dict.src.txt differs from .*data-bin/dict.src.txt at line 3"):
+        checks.check_distilled(data, other)
+    short = write_dicts(tmp_path / "short", WORDS[:3])
+    with pytest.raises(checks.CheckError, match=r"short/dict.src.txt has 3 entries, .* has 4"):
+        checks.check_distilled(data, short)
+    with pytest.raises(checks.CheckError, match=r"same: no train.src-tgt.src.bin, train.src-tgt.tgt.bin"):
+        checks.check_distilled(data, same)
+
+
+def test_teacher_embedding_tables_must_fit_the_dictionaries(tmp_path):
+    data = write_dicts(tmp_path / "data-bin")
+    for rows, ok in ((4 + len(WORDS), True), (16, False)):
+        teacher = tmp_path / f"teacher{rows}.pt"
+        model = {f"{p}.embed_tokens.weight": torch.zeros(rows, 2) for p in ("encoder", "decoder")}
+        torch.save({"args": argparse.Namespace(arch="transformer"), "model": model}, teacher)
+        if ok:
+            checks.check_teacher(teacher, data)
+        else:
+            with pytest.raises(checks.CheckError, match=r"teacher16.pt: encoder.embed_tokens.weight has 16 rows, "
+                                                        r"but .*dict.src.txt gives 8 entries"):
+                checks.check_teacher(teacher, data)
 
 
 def hand_made_results(device="cpu") -> dict:
@@ -76,6 +118,22 @@ def test_committed_results_render_unchanged(tmp_path):
         results = json.loads((committed / f"{name}.json").read_text())
         report.add_ratios(results)
         assert report.markdown(results) == (committed / f"{name}.md").read_text(), name
+
+
+def setup_for(tmp_path: Path, **given) -> Setup:
+    return Setup(tmp_path, tmp_path / "data", "cpu", Size(), 10, 64, (0.0, 1.0), 0.0, 20, 4, **given)
+
+
+def test_plan_with_a_given_teacher_and_distilled_data_trains_neither(tmp_path):
+    chosen, trainings = systems.select(["insertion_binary_tree_parallel_distilled"], extras=False)
+    assert sorted(trainings) == ["ar", "binary_tree_distilled"]
+    keys = {str(j.key): [str(d) for d in j.deps] for j in plan.shared_jobs(setup_for(tmp_path), chosen, trainings, "m")}
+    assert keys["distill"] == ["train:ar"] and keys["train:binary_tree_distilled"] == ["distill"]
+    chosen, trainings = systems.select(["insertion_binary_tree_parallel_distilled"], False, train_teacher=False)
+    given = setup_for(tmp_path, teacher=tmp_path / "t.pt", distilled=tmp_path / "d")
+    keys = {str(j.key): [str(d) for d in j.deps] for j in plan.shared_jobs(given, chosen, trainings, "m")}
+    assert keys == {"train:binary_tree_distilled": [], "sweep:insertion_binary_tree_parallel_distilled":
+                    ["train:binary_tree_distilled"]}
 
 
 def test_scheduler_records_failures_and_skips_what_depends_on_them():
