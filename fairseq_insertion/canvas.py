@@ -231,6 +231,40 @@ def insertion_loss(
 # ----------------------------------------------------------------------------
 # Applying insertions (paper: "Inference")
 # ----------------------------------------------------------------------------
+def insertion_destinations(lengths: Tensor, insert_mask: Tensor, num_tokens: int, width: int) -> Tensor:
+    """Where every canvas token and every slot value lands after the insertions.
+
+    lengths: (B,); insert_mask: (B, S), slots beyond a canvas's ``k + 1`` must
+    be False; num_tokens: K, the canvas width; width: W, at least the longest
+    new canvas. Returns (B, K + S): the new column of canvas token j (first K
+    columns) and of slot l's value (last S columns); ``W`` for the ones that do
+    not land (padding tokens, slots without an insertion). Computed once per
+    decoding step and applied to every per-token tensor with :func:`place`.
+    """
+    B, S = insert_mask.shape
+    ins = insert_mask.long()
+    before = ins.cumsum(1)  # (B, S) inserts in slots 0..l
+    # existing token j moves right by the inserts in slots 0..j
+    j = torch.arange(num_tokens, device=lengths.device).unsqueeze(0)
+    tok_pos = torch.where(j < lengths.unsqueeze(1), j + before[:, :num_tokens], width)  # (B, K)
+    # a token inserted in slot l lands after the l existing tokens and the earlier inserts
+    l_idx = torch.arange(S, device=lengths.device).unsqueeze(0)
+    ins_pos = torch.where(insert_mask, l_idx + before - ins, width)  # (B, S)
+    return torch.cat([tok_pos, ins_pos], 1)
+
+
+def place(destinations: Tensor, canvas: Tensor, slot_values: Tensor, width: int, pad) -> Tensor:
+    """Apply :func:`insertion_destinations` to one per-token tensor.
+
+    canvas: (B, K) tokens or any per-token value (scores, flags); slot_values:
+    (B, S) the value inserted into each slot. Returns (B, W), ``pad`` after
+    each row's new length.
+    """
+    out = canvas.new_full((canvas.size(0), width + 1), pad)  # one spare column catches what does not land
+    out.scatter_(1, destinations, torch.cat([canvas, slot_values.to(canvas.dtype)], 1))
+    return out[:, :width]
+
+
 def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Tensor, pad) -> Tuple[Tensor, Tensor]:
     """Insert ``slot_tokens[l]`` into every slot ``l`` where ``insert_mask``.
 
@@ -240,23 +274,10 @@ def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Te
     (B, K') trimmed to the longest row, and new lengths. Serves both parallel
     decoding (many slots) and greedy decoding (one slot).
     """
-    B, K = canvas.shape
-    S = insert_mask.size(1)
-    ins = insert_mask.long()
-    before = ins.cumsum(1)  # (B, S) inserts in slots 0..l
-    new_lengths = lengths + ins.sum(1)
-    width = int(new_lengths.max()) if B > 0 else 0
-    out = canvas.new_full((B, width + 1), pad)  # one spare column catches dropped writes
-    # existing token j moves right by the inserts in slots 0..j
-    j = torch.arange(K, device=canvas.device).unsqueeze(0)
-    tok_real = j < lengths.unsqueeze(1)
-    tok_pos = torch.where(tok_real, j + before[:, :K], torch.full_like(j.expand(B, K), width))
-    out.scatter_(1, tok_pos, canvas)
-    # a token inserted in slot l lands after the l existing tokens and the earlier inserts
-    l_idx = torch.arange(S, device=canvas.device).unsqueeze(0)
-    ins_pos = torch.where(insert_mask, l_idx + before - ins, torch.full_like(l_idx.expand(B, S), width))
-    out.scatter_(1, ins_pos, slot_tokens.to(out.dtype))
-    return out[:, :width], new_lengths
+    new_lengths = lengths + insert_mask.long().sum(1)
+    width = int(new_lengths.max()) if canvas.size(0) > 0 else 0
+    dest = insertion_destinations(lengths, insert_mask, canvas.size(1), width)
+    return place(dest, canvas, slot_tokens, width, pad), new_lengths
 
 
 # ----------------------------------------------------------------------------

@@ -2,10 +2,16 @@
 
 The loop starts from the empty canvas ``[bos, eos]`` (or, with hard
 constraints, from a canvas that holds them, with the slots inside a constraint
-closed: see :func:`canvas.constraint_canvas`), asks the model for slot
-scores, applies insertions with :func:`canvas.insert`, and stops a sentence
-when no slot inserts anything (every slot picks end-of-slot), when its canvas
-reaches the length limit, or after the iteration bound.
+closed: see :func:`canvas.constraint_canvas`) and repeats one step per pass:
+
+* predict: the model scores the open slots of every active canvas
+  (:meth:`InsertionGenerator._predict`), reusing the encoder's keys and values;
+* choose: one decoding rule picks the insertions (:func:`parallel_step`,
+  :func:`greedy_slot_step`, :func:`greedy_sequence_step`), chosen once;
+* insert: :func:`canvas.insertion_destinations` moves every per-token tensor at once;
+* stop: a sentence leaves the batch when no slot inserts anything (every open
+  slot picks end-of-slot), when its canvas reaches the length limit, or after
+  the iteration bound.
 
 An *iteration* is a step that inserted at least one token (the paper's count:
 a perfect binary-tree decode of n tokens takes floor(log2 n) + 1 of them); the
@@ -17,7 +23,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -30,6 +36,78 @@ DECODINGS = ("parallel", "greedy")
 CONSTRAINT_ORDERS = ("ordered", "unordered")
 
 
+class Canvases(NamedTuple):
+    """The decoding state: one row per sentence (the active ones inside the loop)."""
+
+    rows: Tensor  # (A,) index of each sentence in the batch
+    tokens: Tensor  # (A, K) canvas tokens, pad after each length
+    scores: Tensor  # (A, K) log p(c | l) of each inserted token; 0 for constraint tokens
+    closed_before: Tensor  # (A, K) the slot just before token j is closed
+    closed_end: Tensor  # (A,) the last slot is closed
+    lengths: Tensor  # (A,)
+    iterations: Tensor  # (A,) steps that inserted at least one token
+    final_eos: Tensor  # (A,) mean end-of-slot log-prob over the open slots in the latest pass
+    max_len: Tensor  # (A,) length limit
+
+    def take(self, idx: Tensor) -> "Canvases":
+        return Canvases(*(t.index_select(0, idx) for t in self))
+
+
+class SlotScores(NamedTuple):
+    """One pass's prediction for the slots of the active canvases, (A, S) each."""
+
+    open: Tensor  # slots that may receive a token: real and not closed
+    tokens: Tensor  # the best token of each open slot (eos elsewhere): bos/pad excluded, eos penalised
+    log_probs: Tensor  # its log p(c | l) (the eos penalty included when eos wins)
+    location: Tensor  # log p(l), -inf at padding slots
+    final_eos: Tensor  # (A,) mean end-of-slot log p(c | l) over the open slots, before the penalty
+    content: Optional[Tensor]  # (A, S, V) log p(c | l) of the open slots (-inf elsewhere); greedy sequence only
+
+
+class Insertions(NamedTuple):
+    """What one step inserts: ``tokens[l]`` (with score ``log_probs[l]``) into every slot l where ``mask``."""
+
+    mask: Tensor  # (A, S)
+    tokens: Tensor  # (A, S)
+    log_probs: Tensor  # (A, S)
+
+
+def parallel_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
+    """Insert the best token into every open slot whose best is not end-of-slot,
+    at most ``room`` (A,) per canvas (the highest-scoring ones)."""
+    return Insertions(_cap(p.open & p.tokens.ne(eos), p.log_probs, room), p.tokens, p.log_probs)
+
+
+def greedy_slot_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
+    """Slot finalization: the one (slot, token) with the best log p(c, l) among the
+    slots whose best token is not end-of-slot."""
+    ok = p.open & p.tokens.ne(eos)  # (A, S)
+    joint = (p.log_probs + p.location).masked_fill(~ok, float("-inf"))
+    return Insertions(_one_hot_argmax(joint) & ok.any(1, keepdim=True), p.tokens, p.log_probs)
+
+
+def greedy_sequence_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
+    """Sequence finalization: the best (slot, token) over every open slot and the
+    whole vocabulary; stop when it is end-of-sequence."""
+    A, S, V = p.content.shape
+    flat = (p.content + p.location.unsqueeze(-1)).flatten(1).argmax(1)  # (A,) over (l, c)
+    slot, tok = flat.div(V, rounding_mode="floor"), flat.remainder(V)
+    ok = tok.ne(eos) & p.open.gather(1, slot.unsqueeze(1)).squeeze(1)  # (A,)
+    mask = torch.zeros_like(p.open).scatter_(1, slot.unsqueeze(1), ok.unsqueeze(1))
+    log_prob = p.content.flatten(1).gather(1, flat.unsqueeze(1))  # (A, 1)
+    return Insertions(mask, tok.unsqueeze(1).expand(A, S), log_prob.expand(A, S))
+
+
+Step = Callable[[SlotScores, Tensor, int], Insertions]
+
+
+def choose_step(decoding: str, termination: str) -> Step:
+    """The decoding rule: parallel, or greedy with the model's training termination."""
+    if decoding == "parallel":
+        return parallel_step
+    return greedy_slot_step if termination == "slot" else greedy_sequence_step
+
+
 class InsertionGenerator:
     """Builds fairseq hypothesis dicts by iterative insertion.
 
@@ -39,6 +117,10 @@ class InsertionGenerator:
     The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
     model's maximum target positions (minus the two boundary markers), and a
     sentence stops after ``max_iterations`` iterations (0: its length limit).
+    close_ended_slots: a slot whose best token is end-of-slot stays closed for
+    the rest of the decode (its neighbours never change, only its context
+    does), so later passes score only the slots still open; applies to models
+    trained with slot finalization. Off by default: it can change the output.
 
     Hard constraints (``constraints=`` of :meth:`generate`) are put on the
     initial canvas in order and never split: the slots inside a constraint are
@@ -59,6 +141,7 @@ class InsertionGenerator:
         retain_history: bool = False,
         src_dict=None,
         constraint_order: Optional[str] = None,
+        close_ended_slots: bool = False,
     ):
         if decoding not in DECODINGS:
             raise ValueError(f"--decoding must be one of {DECODINGS}, got {decoding!r}")
@@ -73,10 +156,12 @@ class InsertionGenerator:
         self.max_len_a, self.max_len_b = float(max_len_a), int(max_len_b)
         self.max_iterations = int(max_iterations)
         self.retain_history = retain_history
+        self.close_ended_slots = bool(close_ended_slots)
         self.bos, self.eos, self.pad = tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad()
         self.src_dict = src_dict if src_dict is not None else tgt_dict
         self.src_pad, self.src_eos, self.src_unk = self.src_dict.pad(), self.src_dict.eos(), self.src_dict.unk()
-        self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0}
+        self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
+                      "batches": 0}
         _track(self)
 
     # ------------------------------------------------------------------ API
@@ -96,7 +181,7 @@ class InsertionGenerator:
         net_input = sample["net_input"]
         src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
         B, device = src_tokens.size(0), src_tokens.device
-        encoder_out = model.encoder(src_tokens, src_lengths=src_lengths)
+        cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
 
         limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
         max_len = (src_lengths.float() * self.max_len_a + self.max_len_b).long().clamp(0, limit)  # (B,)
@@ -112,19 +197,20 @@ class InsertionGenerator:
             self._report_too_long(sample, src_tokens, too_long, len0, max_len)
             init = _drop_rows(init, too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
+        step = choose_step(self.decoding, getattr(model, "termination", "slot"))
+        close_ended = self.close_ended_slots and getattr(model, "termination", "slot") == "slot"
         if self.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
-            first = self._decode(model, encoder_out, _empty_init(B, device, self.pad), max_len, src_tokens)
-            init = _reorder_constraints(init, first[0], first[2])
-        canvas, scores, lengths, iterations, final_eos, history, passes = self._decode(
-            model, encoder_out, init, max_len, src_tokens)
+            first, _, _ = self._decode(model, cache, _empty_init(B, device, self.pad), max_len, step, close_ended)
+            init = _reorder_constraints(init, first.tokens, first.lengths)
+        out, history, passes = self._decode(model, cache, init, max_len, step, close_ended)
 
         hypos = []
         for b in range(B):
-            h = self._hypo(canvas[b], scores[b], lengths[b], iterations[b], final_eos[b])
+            h = self._hypo(out.tokens[b], out.scores[b], out.lengths[b], out.iterations[b], out.final_eos[b])
             if self.retain_history:
                 h["history"] = history[b]
             hypos.append([h])
-        self._update_stats(lengths, iterations, passes)
+        self._update_stats(out.lengths, out.iterations, passes)
         return hypos
 
     def _initial_canvas(self, constraints, B: int, device) -> Tuple[Tensor, ...]:
@@ -137,78 +223,116 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, encoder_out, init, max_len: Tensor, src_tokens: Tensor):
-        """The insertion loop from the initial canvas ``init`` (see :meth:`_initial_canvas`).
+    def _decode(self, model, cache, init, max_len: Tensor, step: Step,
+                close_ended: bool) -> Tuple[Canvases, List[List[Dict]], int]:
+        """The insertion loop from the initial canvas ``init`` (see :meth:`_initial_canvas`):
+        predict, choose, insert, stop, with finished sentences leaving the batch.
 
         Closed slots never receive an insertion and count as finished (as if
-        they chose end-of-slot). Returns canvas (B, K), scores (B, K),
-        lengths, iterations, final end-of-slot log-prob (B,), history, passes.
+        they chose end-of-slot). Returns the final canvases of all B sentences
+        (in batch order), the history and the number of forward passes.
         """
-        canvas, lengths, closed_before, closed_end = init[0], init[1].clone(), init[2], init[3]
-        B, device = canvas.size(0), canvas.device
-        scores = torch.zeros(canvas.shape, device=device)  # (B, K) log p(c | l) when inserted; 0 for constraints
-        iterations = torch.zeros(B, dtype=torch.long, device=device)
-        final_eos = torch.zeros(B, device=device)  # mean end-of-slot log-prob of the last pass over open slots
-        S0 = canvas.size(1) + 1
-        any_open = (C.slot_mask(lengths, S0) & ~C.closed_slots(closed_before, closed_end, lengths, S0)).any(1)  # (B,)
-        active = torch.arange(B, device=device)[(max_len > lengths) & any_open]
-        max_iter = (self.max_iterations or int((max_len - lengths).clamp(min=0).max())) if B else 0
-        termination = getattr(model, "termination", "slot")
+        tokens, lengths = init[0], init[1].clone()
+        B, K, device = tokens.size(0), tokens.size(1), tokens.device
+        zeros = torch.zeros(B, device=device)
+        state = Canvases(torch.arange(B, device=device), tokens, torch.zeros(tokens.shape, device=device), init[2],
+                         init[3], lengths, torch.zeros(B, dtype=torch.long, device=device), zeros, max_len)
+        closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
+        start = (max_len > lengths) & (C.slot_mask(lengths, K + 1) & ~closed).any(1)  # (B,)
+        width, room, n_active = (torch.stack([max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum()])
+                                 .tolist() if B else (0, 0, 0))
+        out = _widened(state, max(width, K), self.pad)  # the result, filled in as sentences finish
+        max_iter = self.max_iterations or room
         history: List[List[Dict]] = [[] for _ in range(B)]
+        state, cache = self._keep(model, state, cache, start, n_active)
         passes = 0
-
         for _ in range(max_iter + 1):
-            if active.numel() == 0:
+            if n_active == 0:
                 break
-            enc = model.encoder.reorder_encoder_out(encoder_out, active)
-            framed = C.frame(canvas[active], lengths[active], self.bos, self.eos, self.pad)  # (A, K+2)
-            content_lp, location_lp = model.slot_log_probs(model.decoder(framed, encoder_out=enc), framed)
+            scores = self._predict(model, state, cache)
+            choice = step(scores, state.max_len - state.lengths, self.eos)
             passes += 1
-            S = content_lp.size(1)
-            closed = C.closed_slots(closed_before[active], closed_end[active], lengths[active], S)  # (A, S)
-            slots = C.slot_mask(lengths[active], S) & ~closed  # (A, S) the open slots
-            final_eos[active] = (content_lp[..., self.eos] * slots).sum(1) / slots.sum(1).clamp(min=1)
-            content_lp[..., self.eos] -= self.eos_penalty
-            content_lp[..., self.bos] = float("-inf")
-            content_lp[..., self.pad] = float("-inf")
-            best_lp, best_tok = content_lp.max(-1)  # (A, S) per-slot argmax of p(c | l)
-            open_ = slots & best_tok.ne(self.eos)
-            room = max_len[active] - lengths[active]  # (A,)
-            if self.decoding == "parallel":
-                insert = _cap(open_, best_lp, room)
-            elif termination == "slot":
-                joint = (best_lp + location_lp).masked_fill(~open_, float("-inf"))  # restrict to open slots
-                insert = _one_hot_argmax(joint) & open_.any(1, keepdim=True)
-            else:  # sequence finalization: stop when end-of-sequence wins anywhere (closed slots excluded)
-                V = content_lp.size(-1)
-                joint = (content_lp + location_lp.unsqueeze(-1)).masked_fill(closed.unsqueeze(-1), float("-inf"))
-                flat = joint.flatten(1).argmax(1)  # (A,) over (l, c)
-                slot, tok = flat.div(V, rounding_mode="floor"), flat.remainder(V)
-                ok = tok.ne(self.eos) & slots.gather(1, slot.unsqueeze(1)).squeeze(1)
-                insert = torch.zeros_like(open_).scatter_(1, slot.unsqueeze(1), ok.unsqueeze(1))
-                best_tok = tok.unsqueeze(1).expand_as(best_tok)
-                best_lp = content_lp.flatten(1).gather(1, flat.unsqueeze(1)).expand_as(best_lp)
-            inserted = insert.any(1)  # (A,)
-            new_canvas, new_len = C.insert(canvas[active], lengths[active], best_tok, insert, self.pad)
-            new_scores, _ = C.insert(scores[active], lengths[active], best_lp, insert, 0.0)
-            # an inserted token opens the slots on both its sides: the slot before it is open
-            new_closed, _ = C.insert(closed_before[active], lengths[active], torch.zeros_like(insert), insert, False)
-            width = max(canvas.size(1), new_canvas.size(1))
-            canvas = _widen(canvas, width, self.pad)
-            scores = _widen(scores, width, 0.0)
-            closed_before = _widen(closed_before, width, False)
-            canvas[active] = _widen(new_canvas, width, self.pad)
-            scores[active] = _widen(new_scores, width, 0.0)
-            closed_before[active] = _widen(new_closed, width, False)
-            lengths[active] = new_len
-            iterations[active] += inserted.long()
+            before = state.lengths
+            state, keep, n_keep, kept_width = self._insert(state, scores, choice, max_iter, close_ended)
             if self.retain_history:
-                for i, b in enumerate(active.tolist()):
-                    if inserted[i]:
-                        history[b].append(self._hypo(canvas[b], scores[b], lengths[b], iterations[b], 0.0))
-            keep_going = inserted & (new_len < max_len[active]) & (iterations[active] < max_iter)
-            active = active[keep_going]
-        return canvas, scores, lengths, iterations, final_eos, history, passes
+                self._record(history, state, state.lengths > before)
+            if n_keep < n_active:
+                _store(out, state.take((~keep).nonzero().flatten()))
+                state, cache = self._keep(model, state, cache, keep, n_keep)
+                state = state._replace(tokens=state.tokens[:, :kept_width], scores=state.scores[:, :kept_width],
+                                       closed_before=state.closed_before[:, :kept_width])
+            n_active = n_keep
+        if n_active:
+            _store(out, state)
+        return out, history, passes
+
+    def _keep(self, model, state: Canvases, cache, keep: Tensor, n_keep: int) -> Tuple[Canvases, object]:
+        """The rows ``keep`` (A,) of the state and of the encoder cache, in order (``n_keep`` of them)."""
+        if n_keep == keep.numel():
+            return state, cache
+        idx = keep.long().argsort(descending=True, stable=True)[:n_keep]  # kept rows first, in order
+        return state.take(idx), model.reorder_decoding_cache(cache, idx)
+
+    def _predict(self, model, state: Canvases, cache) -> SlotScores:
+        """One forward pass: the best token and its log p(c | l) for every open slot.
+
+        Only the open slots are projected onto the vocabulary, and only the
+        log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
+        (except for greedy sequence finalization, which needs the whole table).
+        """
+        framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
+        A, S = framed.size(0), framed.size(1) - 1
+        closed = C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
+        open_ = C.slot_mask(state.lengths, S) & ~closed  # (A, S)
+        content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
+        lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
+        eos_lp = content[:, self.eos] - lse  # (N,)
+        content[:, self.eos] -= self.eos_penalty
+        content[:, self.bos] = float("-inf")
+        content[:, self.pad] = float("-inf")
+        best, tok = content.max(-1)  # (N,)
+        tokens = torch.full((A, S), self.eos, dtype=torch.long, device=framed.device).masked_scatter(open_, tok)
+        log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
+        eos_sum = location.new_zeros(A, S).masked_scatter(open_, eos_lp).sum(1)
+        final_eos = eos_sum / open_.sum(1).clamp(min=1)
+        full = None
+        if self.decoding == "greedy" and getattr(model, "termination", "slot") == "sequence":
+            full = content.new_full((A, S, content.size(-1)), float("-inf"))
+            full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
+        return SlotScores(open_, tokens, log_probs, location, final_eos, full)
+
+    def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
+                close_ended: bool) -> Tuple[Canvases, Tensor, int, int]:
+        """Apply one step's insertions to every per-token tensor; say which sentences go on.
+        Returns the new state, keep (A,), the number kept and their longest canvas (this
+        pass's one host sync)."""
+        new_len = state.lengths + choice.mask.sum(1)  # (A,)
+        inserted = choice.mask.any(1)
+        iterations = state.iterations + inserted.long()
+        keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
+        width, n_keep, kept_width = torch.stack([new_len.max(), keep.sum(), (new_len * keep).max()]).tolist()
+        K = state.tokens.size(1)
+        dest = C.insertion_destinations(state.lengths, choice.mask, K, width)  # (A, K+S)
+        closed_before, closed_end = state.closed_before, state.closed_end
+        if close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
+            ended = scores.open & scores.tokens.eq(self.eos)  # (A, S)
+            closed_end = closed_end | ended.gather(1, state.lengths.unsqueeze(1)).squeeze(1)
+            closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
+        # an inserted token opens the slots on both its sides: the slot before it is open
+        new = Canvases(
+            state.rows,
+            C.place(dest, state.tokens, choice.tokens, width, self.pad),
+            C.place(dest, state.scores, choice.log_probs, width, 0.0),
+            C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
+            closed_end, new_len, iterations, scores.final_eos, state.max_len,
+        )
+        return new, keep, n_keep, kept_width
+
+    def _record(self, history: List[List[Dict]], state: Canvases, inserted: Tensor) -> None:
+        """--retain-iter-history: the canvas of every sentence that changed in this step."""
+        for i in inserted.nonzero().flatten().tolist():
+            history[int(state.rows[i])].append(
+                self._hypo(state.tokens[i], state.scores[i], state.lengths[i], state.iterations[i], 0.0))
 
     # -------------------------------------------------------------- helpers
     def _line_name(self, sample, src_tokens: Tensor, i: int) -> str:
@@ -255,6 +379,7 @@ class InsertionGenerator:
         s["log2_bound"] += int((lengths.unsqueeze(1) >= powers).sum())
         s["tokens"] += int(lengths.sum())
         s["forward_passes"] += passes
+        s["batches"] += 1
 
     def summary(self) -> str:
         s = self.stats
@@ -262,7 +387,8 @@ class InsertionGenerator:
         return (
             f"insertion decoding ({self.decoding}): {s['sentences']} sentences, "
             f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
-            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['forward_passes']}"
+            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['forward_passes']} "
+            f"({s['forward_passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
         )
 
 
@@ -312,6 +438,23 @@ def _reorder_constraints(init: Tuple[Tensor, ...], hyp: Tensor, hyp_lengths: Ten
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
     perm = C.order_segments(segment, lengths, key)  # (B, K)
     return canvas.gather(1, perm), lengths, closed_before.gather(1, perm), closed_end, segment.gather(1, perm)
+
+
+def _widened(state: Canvases, width: int, pad: int) -> Canvases:
+    """A copy of ``state`` whose per-token tensors are ``width`` wide (the result buffer)."""
+    return Canvases(state.rows, _widen(state.tokens, width, pad).clone(), _widen(state.scores, width, 0.0).clone(),
+                    state.closed_before, state.closed_end, state.lengths.clone(), state.iterations.clone(),
+                    state.final_eos.clone(), state.max_len)
+
+
+def _store(out: Canvases, done: Canvases) -> None:
+    """Write the finished canvases ``done`` into the batch result ``out`` at their rows."""
+    W, r = done.tokens.size(1), done.rows
+    out.tokens[r, :W] = done.tokens
+    out.scores[r, :W] = done.scores
+    out.lengths[r] = done.lengths
+    out.iterations[r] = done.iterations
+    out.final_eos[r] = done.final_eos
 
 
 def _widen(x: Tensor, width: int, value) -> Tensor:

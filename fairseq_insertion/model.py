@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Type
 
 import torch
+import torch.nn.functional as F
 from fairseq import checkpoint_utils, hub_utils
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
@@ -111,31 +112,59 @@ class SlotHead(nn.Module):
                 self.mixture_latent.bias.zero_()
                 self.mixture_prior.weight.zero_()
 
-    def forward(self, H: Tensor, real: Tensor, project: Callable[[Tensor], Tensor]) -> Tuple[Tensor, Tensor]:
-        """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W."""
+    def forward(self, H: Tensor, real: Tensor, project: Callable[[Tensor], Tensor],
+                select: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W.
+
+        select: (B, S) bool, decoding only: score the content of these slots
+        alone; content is then (N, V) for the N selected slots in row-major
+        order, and in the joint variant the location logits of the other
+        slots are -inf.
+        """
         B, S, h = H.shape
         bias = None
         if self.context_bias is not None:
             g = H.masked_fill(~real.unsqueeze(-1), float("-inf")).max(1).values  # (B, h) maxpool over real slots
             bias = self.context_bias(g).float().unsqueeze(1)  # (B, 1, V)
+            if select is not None:
+                rows = torch.arange(B, device=H.device).unsqueeze(1).expand(B, S)[select]  # (N,)
+                bias = bias.squeeze(1).index_select(0, rows)  # (N, V)
+        Hc = H if select is None else H[select]  # (B, S, h) or (N, h)
         if self.K == 1:
-            content = project(H).float()  # (B, S, V)
+            content = project(Hc).float()  # (..., V)
             if bias is not None:
                 content = content + bias
         else:
-            latent = torch.tanh(self.mixture_latent(H)).view(B, S, self.K, h)  # (B, S, K, h)
-            z = project(latent).float()  # (B, S, K, V)
+            latent = torch.tanh(self.mixture_latent(Hc)).unflatten(-1, (self.K, h))  # (..., K, h)
+            z = project(latent).float()  # (..., K, V)
             if bias is not None:
-                z = z + bias.unsqueeze(1)
-            log_pi = self.mixture_prior(H).float().log_softmax(-1).unsqueeze(-1)  # (B, S, K, 1)
+                z = z + bias.unsqueeze(-2)
+            log_pi = self.mixture_prior(Hc).float().log_softmax(-1).unsqueeze(-1)  # (..., K, 1)
             if not self.joint:
                 z = z.log_softmax(-1)  # each component normalised per slot
-            content = (log_pi + z).logsumexp(2)  # (B, S, V)
-        if self.joint:
+            content = (log_pi + z).logsumexp(-2)  # (..., V)
+        if not self.joint:
+            location = H.matmul(self.location_query.to(H.dtype)).float()  # (B, S)
+        elif select is None:
             location = content.logsumexp(-1)  # (B, S)
         else:
-            location = H.matmul(self.location_query.to(H.dtype)).float()  # (B, S)
+            location = content.new_full((B, S), float("-inf")).masked_scatter(select, content.logsumexp(-1))
         return content, location
+
+
+class EncoderCache(NamedTuple):
+    """What every decoding pass reuses of a batch's source side (one entry per sentence).
+
+    Either the encoder-attention keys and values of every decoder layer,
+    computed once (``keys``/``values``: per layer (B, heads, S_src, head dim);
+    ``padding_mask``: (B, S_src) True at source padding), or, for decoder
+    layers this fast path does not cover, fairseq's ``encoder_out``.
+    """
+
+    encoder_out: Optional[Dict[str, List[Tensor]]]
+    keys: List[Tensor]
+    values: List[Tensor]
+    padding_mask: Optional[Tensor]
 
 
 class InsertionDecoder(TransformerDecoderBase):
@@ -157,6 +186,61 @@ class InsertionDecoder(TransformerDecoderBase):
         x, _ = self.extract_features(prev_output_tokens, encoder_out, full_context_alignment=True)  # (B, T+2, C)
         return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (B, T+1, C)
 
+    # ------------------------------------------------------------ decoding
+    def _cacheable(self) -> bool:
+        """Whether :meth:`cached_slot_states` covers these layers (plain pre- or post-norm
+        layers with encoder attention; not NormFormer, cross-self-attention, bias_kv)."""
+        return not self.training and not self.cross_self_attention and all(
+            layer.encoder_attn is not None and layer.encoder_attn.bias_k is None
+            and not layer.encoder_attn.add_zero_attn and not layer.cross_self_attention
+            and layer.c_attn is None and layer.attn_ln is None and layer.ffn_layernorm is None
+            and layer.w_resid is None
+            for layer in self.layers
+        )
+
+    def encoder_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
+        """Project the encoder output to every layer's encoder-attention keys and values once."""
+        if not self._cacheable():
+            return EncoderCache(encoder_out, [], [], None)
+        enc = encoder_out["encoder_out"][0]  # (S_src, B, C)
+        mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        S_src, B, _ = enc.shape
+        keys, values = [], []
+        for layer in self.layers:
+            attn = layer.encoder_attn
+            for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
+                x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
+                out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
+        return EncoderCache(None, keys, values, mask)
+
+    def cached_slot_states(self, framed: Tensor, cache: EncoderCache) -> Tensor:
+        """:meth:`slot_states` in inference, reusing the encoder-attention keys and values
+        of ``cache``. framed: (A, T+2) -> slot states (A, T+1, C)."""
+        if cache.encoder_out is not None:
+            return self.slot_states(framed, cache.encoder_out)
+        x = self.embed_scale * self.embed_tokens(framed)  # (A, T+2, C), as in extract_features
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(framed)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)  # (T+2, A, C)
+        # a single canvas has no padding (the generator trims the batch to its longest canvas);
+        # fairseq's extract_features passes no mask then either
+        pad = framed.eq(self.padding_idx) if framed.size(0) > 1 else None  # (A, T+2)
+        src_keep = None if cache.padding_mask is None else ~cache.padding_mask[:, None, None, :]  # (A, 1, 1, S_src)
+        for layer, k, v in zip(self.layers, cache.keys, cache.values):
+            x = _cached_layer(layer, x, pad, k, v, src_keep)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (A, T+1, C)
+
     def forward(  # type: ignore[override]
         self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs
     ) -> Tuple[Tensor, Tensor]:
@@ -167,6 +251,33 @@ class InsertionDecoder(TransformerDecoderBase):
         """
         H = self.slot_states(prev_output_tokens, encoder_out)
         return self.head(H, prev_output_tokens[:, 1:].ne(self.padding_idx), self.output_layer)
+
+
+def _cached_layer(layer, x: Tensor, pad: Optional[Tensor], k: Tensor, v: Tensor,
+                  src_keep: Optional[Tensor]) -> Tensor:
+    """One fairseq decoder layer in inference (full self-attention over the canvas), with
+    the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d)."""
+    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: layer.self_attn(
+        query=h, key=h, value=h, key_padding_mask=pad, need_weights=False)[0])
+    x = _residual(layer, layer.encoder_attn_layer_norm, x,
+                  lambda h: _encoder_attention(layer.encoder_attn, h, k, v, src_keep))
+    return _residual(layer, layer.final_layer_norm, x,
+                     lambda h: layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))))
+
+
+def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum."""
+    y = sublayer(norm(x) if layer.normalize_before else x)
+    x = layer.residual_connection(layer.dropout_module(y), x)
+    return x if layer.normalize_before else norm(x)
+
+
+def _encoder_attention(attn, x: Tensor, k: Tensor, v: Tensor, src_keep: Optional[Tensor]) -> Tensor:
+    """fairseq's encoder attention with cached keys and values. x: (T, A, C) -> (T, A, C)."""
+    T, A, C = x.shape
+    q = attn.q_proj(x).view(T, A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)  # (A, heads, T, d)
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=src_keep, scale=attn.scaling)  # (A, heads, T, d)
+    return attn.out_proj(x.permute(2, 0, 1, 3).reshape(T, A, C))
 
 
 @register_model(MODEL_NAME)
@@ -239,6 +350,31 @@ class InsertionTransformerModel(TransformerModel):
         real = canvas[:, 1:].ne(self.decoder.padding_idx)  # (B, S) slot l is left of column l+1
         location = location.float().masked_fill(~real, float("-inf")).log_softmax(-1)
         return content.float().log_softmax(-1), location
+
+    # decoding (fairseq_insertion.generator): the encoder runs once, every pass reuses its keys/values
+    def decoding_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
+        return self.decoder.encoder_cache(encoder_out)
+
+    def reorder_decoding_cache(self, cache: EncoderCache, order: Tensor) -> EncoderCache:
+        """Keep the sentences ``order`` (A,) of the cache, in that order."""
+        if cache.encoder_out is not None:
+            return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
+        return EncoderCache(
+            None, [k.index_select(0, order) for k in cache.keys], [v.index_select(0, order) for v in cache.values],
+            None if cache.padding_mask is None else cache.padding_mask.index_select(0, order))
+
+    def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor) -> Tuple[Tensor, Tensor]:
+        """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
+        canvas has no padding); select: (A, S) the slots that may receive a token (real and open).
+
+        Returns the content log-scores of the selected slots (N, V) in fp32, whose softmax
+        over the vocabulary is p(c | l) (unnormalised: callers normalise only what they
+        need), and log p(l) (A, S) in fp32, -inf at padding slots.
+        """
+        H = self.decoder.cached_slot_states(framed, cache)  # (A, S, C)
+        real = framed[:, 1:].ne(self.decoder.padding_idx)  # (A, S)
+        content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
+        return content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1)
 
     def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()

@@ -7,7 +7,7 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from fairseq.data import FairseqDataset
@@ -37,7 +37,14 @@ class InsertionTranslationConfig(TranslationConfig):
     max_iterations: int = field(
         default=0,
         metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
-                  "min(max_len_a * src_len + max_len_b, max target positions - 2))"},
+                  "min(max_len_a * src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 "
+                  "become 2 x src_len + 10)"},
+    )
+    close_ended_slots: bool = field(
+        default=False,
+        metadata={"help": "a slot whose best token is end-of-slot stays closed for the rest of the decode, so "
+                  "later passes score only the open slots (models trained with slot finalization; can change "
+                  "the output)"},
     )
     constraints_file: Optional[str] = field(
         default=None,
@@ -108,16 +115,18 @@ class InsertionTranslationTask(TranslationTask):
                              f"got constraints={constraint_order!r}")
         if self.constraints_file is not None:
             self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
+        max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
         return InsertionGenerator(
             self.target_dictionary,
             decoding=str(self.cfg.decoding),
             eos_penalty=self.cfg.eos_penalty,
-            max_len_a=getattr(args, "max_len_a", 0.0),
-            max_len_b=getattr(args, "max_len_b", 200),
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
             max_iterations=self.cfg.max_iterations,
             retain_history=getattr(args, "retain_iter_history", False),
             src_dict=self.source_dictionary,
             constraint_order=constraint_order,
+            close_ended_slots=self.cfg.close_ended_slots,
         )
 
     # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (hub.py)
@@ -155,6 +164,24 @@ class InsertionTranslationTask(TranslationTask):
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
         keep_remainder_batch(dataset)
         return super().get_batch_iterator(dataset, *args, **kwargs)
+
+
+# fairseq's generation defaults (--max-len-a 0 --max-len-b 200) let a model that never
+# chooses end-of-slot insert up to 200 tokens, one pass after another; an insertion
+# decode's length is tied to the source instead (Multi30k en-de, BPE: no training
+# target exceeds 2 x source + 10, 15 of 29,000 exceed 1.2 x source + 10)
+DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B = 2.0, 10
+
+
+def length_limit(max_len_a: float, max_len_b: int) -> Tuple[float, int]:
+    """The insertion length limit a x source length + b: the given values, or 2 x source + 10
+    in place of fairseq's defaults (0, 200)."""
+    if (float(max_len_a), int(max_len_b)) == (0.0, 200):
+        logger.info("insertion decoding: outputs of at most %g x source length + %d tokens (in place of fairseq's "
+                    "--max-len-a 0 --max-len-b 200; set either to choose another limit)",
+                    DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B)
+        return DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
+    return float(max_len_a), int(max_len_b)
 
 
 def keep_remainder_batch(dataset: FairseqDataset) -> None:

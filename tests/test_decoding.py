@@ -77,6 +77,17 @@ class OracleModel:
         real = framed[:, 1:].ne(self.d.pad())
         return content.log_softmax(-1), location.masked_fill(~real, float("-inf")).log_softmax(-1)
 
+    # the decoding interface of InsertionTransformerModel (the encoder output stands in for its cache)
+    def decoding_cache(self, encoder_out):
+        return encoder_out
+
+    def reorder_decoding_cache(self, cache, order):
+        return self.encoder.reorder_encoder_out(cache, order)
+
+    def decode_slots(self, framed, cache, select):
+        content, location = self.slot_log_probs(self.decoder(framed, encoder_out=cache), framed)
+        return content[select], location
+
 
 def batch_for(d, targets):
     B = len(targets)
@@ -181,3 +192,10 @@ def test_summary_counts_the_log2_bound_exactly():
     lengths = torch.tensor([0, 1, 2, 3, 4, 7, 8, 1023, 1024])
     gen._update_stats(lengths, torch.zeros_like(lengths), 1)
     assert gen.stats["log2_bound"] == sum(log2_bound(int(n)) for n in lengths) == 0 + 1 + 2 + 2 + 3 + 3 + 4 + 10 + 11
+
+
+def test_fairseq_default_length_limit_is_tied_to_the_source():
+    from fairseq_insertion.task import length_limit
+
+    assert length_limit(0, 200) == (2.0, 10)  # fairseq's defaults: 2 x source + 10 instead
+    assert length_limit(0.0, 150) == (0.0, 150) and length_limit(1.2, 10) == (1.2, 10)
