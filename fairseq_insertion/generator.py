@@ -23,7 +23,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -48,6 +48,7 @@ class Canvases(NamedTuple):
     iterations: Tensor  # (A,) steps that inserted at least one token
     final_eos: Tensor  # (A,) mean end-of-slot log-prob over the open slots in the latest pass
     max_len: Tensor  # (A,) length limit
+    eos_penalty: Tensor  # (A,) beta of each row (several per sentence with --eos-penalties)
 
     def take(self, idx: Tensor) -> "Canvases":
         return Canvases(*(t.index_select(0, idx) for t in self))
@@ -101,6 +102,12 @@ def greedy_sequence_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
 Step = Callable[[SlotScores, Tensor, int], Insertions]
 
 
+class CandidateScorer(Protocol):
+    """Scores candidate translations, e.g. :class:`fairseq_insertion.rerank.AutoregressiveScorer`."""
+
+    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor]) -> Tensor: ...
+
+
 def choose_step(decoding: str, termination: str) -> Step:
     """The decoding rule: parallel, or greedy with the model's training termination."""
     if decoding == "parallel":
@@ -114,6 +121,13 @@ class InsertionGenerator:
     decoding: ``parallel`` (insert the argmax token into every slot whose
     argmax is not end-of-slot) or ``greedy`` (one insertion per step).
     eos_penalty: beta, subtracted from the end-of-slot/sequence log-prob.
+    eos_penalties: several betas: every sentence is decoded under each of them
+    in one batch, and its candidates (one per beta, ``eos_penalty`` says
+    which) are returned best first (fairseq's ``--nbest`` prints the first
+    k): by the model's own
+    length-normalised score (``score``, the mean positional log-prob), or by
+    ``rerank``'s score when given (an autoregressive model, one teacher-forced
+    batch for all candidates; stored as ``rerank_score``).
     The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
     model's maximum target positions (minus the two boundary markers), and a
     sentence stops after ``max_iterations`` iterations (0: its length limit).
@@ -142,6 +156,8 @@ class InsertionGenerator:
         src_dict=None,
         constraint_order: Optional[str] = None,
         close_ended_slots: bool = False,
+        eos_penalties: Optional[Sequence[float]] = None,
+        rerank: Optional[CandidateScorer] = None,
     ):
         if decoding not in DECODINGS:
             raise ValueError(f"--decoding must be one of {DECODINGS}, got {decoding!r}")
@@ -153,6 +169,8 @@ class InsertionGenerator:
         self.tgt_dict = tgt_dict
         self.decoding = decoding
         self.eos_penalty = float(eos_penalty)
+        self.eos_penalties = tuple(float(b) for b in eos_penalties) if eos_penalties else (self.eos_penalty,)
+        self.rerank = rerank
         self.max_len_a, self.max_len_b = float(max_len_a), int(max_len_b)
         self.max_iterations = int(max_iterations)
         self.retain_history = retain_history
@@ -199,18 +217,32 @@ class InsertionGenerator:
             max_len = max_len.masked_fill(too_long, 0)
         step = choose_step(self.decoding, getattr(model, "termination", "slot"))
         close_ended = self.close_ended_slots and getattr(model, "termination", "slot") == "slot"
+        n = len(self.eos_penalties)  # candidates per sentence: row c of sentence b is b n + c
+        beta = torch.tensor(self.eos_penalties, device=device).repeat(B)  # (B n,)
+        if n > 1:
+            order = torch.arange(B, device=device).repeat_interleave(n)  # (B n,)
+            cache = model.reorder_decoding_cache(cache, order)
+            init, max_len = tuple(t.index_select(0, order) for t in init), max_len.index_select(0, order)
         if self.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
-            first, _, _ = self._decode(model, cache, _empty_init(B, device, self.pad), max_len, step, close_ended)
+            first, _, _ = self._decode(model, cache, _empty_init(B * n, device, self.pad), max_len, beta, step,
+                                       close_ended)
             init = _reorder_constraints(init, first.tokens, first.lengths)
-        out, history, passes = self._decode(model, cache, init, max_len, step, close_ended)
+        out, history, passes = self._decode(model, cache, init, max_len, beta, step, close_ended)
 
-        hypos = []
-        for b in range(B):
-            h = self._hypo(out.tokens[b], out.scores[b], out.lengths[b], out.iterations[b], out.final_eos[b])
+        rows = []
+        for r in range(B * n):
+            h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
+            h["eos_penalty"] = self.eos_penalties[r % n]
             if self.retain_history:
-                h["history"] = history[b]
-            hypos.append([h])
-        self._update_stats(out.lengths, out.iterations, passes)
+                h["history"] = history[r]
+            rows.append(h)
+        if self.rerank is not None:
+            src = src_tokens.repeat_interleave(n, 0), src_lengths.repeat_interleave(n, 0)
+            for h, s in zip(rows, self.rerank.score(*src, [h["tokens"] for h in rows]).tolist()):
+                h["rerank_score"] = s
+        hypos = [_candidates(rows[b * n:(b + 1) * n], "rerank_score" if self.rerank else "score") for b in range(B)]
+        self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
+                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), passes)
         return hypos
 
     def _initial_canvas(self, constraints, B: int, device) -> Tuple[Tensor, ...]:
@@ -223,7 +255,7 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, cache, init, max_len: Tensor, step: Step,
+    def _decode(self, model, cache, init, max_len: Tensor, eos_penalty: Tensor, step: Step,
                 close_ended: bool) -> Tuple[Canvases, List[List[Dict]], int]:
         """The insertion loop from the initial canvas ``init`` (see :meth:`_initial_canvas`):
         predict, choose, insert, stop, with finished sentences leaving the batch.
@@ -236,7 +268,8 @@ class InsertionGenerator:
         B, K, device = tokens.size(0), tokens.size(1), tokens.device
         zeros = torch.zeros(B, device=device)
         state = Canvases(torch.arange(B, device=device), tokens, torch.zeros(tokens.shape, device=device), init[2],
-                         init[3], lengths, torch.zeros(B, dtype=torch.long, device=device), zeros, max_len)
+                         init[3], lengths, torch.zeros(B, dtype=torch.long, device=device), zeros, max_len,
+                         eos_penalty)
         closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
         start = (max_len > lengths) & (C.slot_mask(lengths, K + 1) & ~closed).any(1)  # (B,)
         width, room, n_active = (torch.stack([max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum()])
@@ -287,7 +320,10 @@ class InsertionGenerator:
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
         lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
         eos_lp = content[:, self.eos] - lse  # (N,)
-        content[:, self.eos] -= self.eos_penalty
+        if len(self.eos_penalties) == 1:
+            content[:, self.eos] -= self.eos_penalties[0]
+        else:  # each slot its row's beta
+            content[:, self.eos] -= state.eos_penalty.unsqueeze(1).expand(A, S)[open_]
         content[:, self.bos] = float("-inf")
         content[:, self.pad] = float("-inf")
         best, tok = content.max(-1)  # (N,)
@@ -324,7 +360,7 @@ class InsertionGenerator:
             C.place(dest, state.tokens, choice.tokens, width, self.pad),
             C.place(dest, state.scores, choice.log_probs, width, 0.0),
             C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
-            closed_end, new_len, iterations, scores.final_eos, state.max_len,
+            closed_end, new_len, iterations, scores.final_eos, state.max_len, state.eos_penalty,
         )
         return new, keep, n_keep, kept_width
 
@@ -444,7 +480,12 @@ def _widened(state: Canvases, width: int, pad: int) -> Canvases:
     """A copy of ``state`` whose per-token tensors are ``width`` wide (the result buffer)."""
     return Canvases(state.rows, _widen(state.tokens, width, pad).clone(), _widen(state.scores, width, 0.0).clone(),
                     state.closed_before, state.closed_end, state.lengths.clone(), state.iterations.clone(),
-                    state.final_eos.clone(), state.max_len)
+                    state.final_eos.clone(), state.max_len, state.eos_penalty)
+
+
+def _candidates(rows: List[Dict], key: str) -> List[Dict]:
+    """One sentence's candidates (one per EOS penalty), best ``key`` first; ties keep the given order."""
+    return sorted(rows, key=lambda h: -float(h[key]))
 
 
 def _store(out: Canvases, done: Canvases) -> None:

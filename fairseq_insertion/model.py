@@ -436,26 +436,31 @@ def warm_start(model: "InsertionTransformerModel", args: Any) -> None:
     init_from_transformer(model, path)
 
 
-def _teacher_state(path: str) -> Dict[str, Tensor]:
-    """The model state dict of a fairseq ``transformer`` checkpoint, loaded with the safe loader."""
+def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
+    """A fairseq ``transformer`` checkpoint (model weights and ``cfg``), loaded with the safe
+    loader; errors name the command-line ``option`` that gave ``path``."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--init-from-transformer {path}: no such file")
+        raise FileNotFoundError(f"{option} {path}: no such file")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
     except Exception as e:  # unpickling, not a torch file, refused by the safe loader, ...
-        raise ValueError(f"--init-from-transformer {path}: cannot be read as a fairseq checkpoint "
+        raise ValueError(f"{option} {path}: cannot be read as a fairseq checkpoint "
                          f"({type(e).__name__}: {e})") from e
     cfg = state.get("cfg") if isinstance(state, dict) else None
     model_cfg = cfg.get("model") if cfg is not None else None
     arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
     if not isinstance(state.get("model"), dict) or arch is None:
-        raise ValueError(f"--init-from-transformer {path}: not a fairseq model checkpoint (no model weights "
-                         "and architecture)")
+        raise ValueError(f"{option} {path}: not a fairseq model checkpoint (no model weights and architecture)")
     name = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
     if name != "transformer":
-        raise ValueError(f"--init-from-transformer {path}: trained with --arch {arch} (model {name!r}), not "
+        raise ValueError(f"{option} {path}: trained with --arch {arch} (model {name!r}), not "
                          "fairseq's autoregressive transformer (--arch transformer or transformer_*)")
-    return state["model"]
+    return state
+
+
+def _teacher_state(path: str) -> Dict[str, Tensor]:
+    """The model state dict of a fairseq ``transformer`` checkpoint, loaded with the safe loader."""
+    return transformer_checkpoint(path, "--init-from-transformer")["model"]
 
 
 def init_from_transformer(model: "InsertionTransformerModel", path: str) -> Dict[str, List[str]]:

@@ -19,6 +19,7 @@ from torch import Tensor
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
 from .model import warm_start
+from .rerank import AutoregressiveScorer
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,18 @@ class InsertionTranslationConfig(TranslationConfig):
         metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
                   "min(max_len_a * src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 "
                   "become 2 x src_len + 10)"},
+    )
+    eos_penalties: Optional[str] = field(
+        default=None,
+        metadata={"help": "comma-separated betas, e.g. 0,1,2,3,4: decode every sentence under each in one batch "
+                  "and output its candidates best first (--nbest k prints k), by the model's "
+                  "length-normalised score or --rerank-with's; replaces --eos-penalty"},
+    )
+    rerank_with: Optional[str] = field(
+        default=None,
+        metadata={"help": "a fairseq transformer checkpoint trained on the same dictionaries (e.g. the "
+                  "distillation teacher): choose among the --eos-penalties candidates by its length-normalised "
+                  "log p(y | x), one teacher-forced batch per batch of sentences"},
     )
     close_ended_slots: bool = field(
         default=False,
@@ -115,6 +128,15 @@ class InsertionTranslationTask(TranslationTask):
                              f"got constraints={constraint_order!r}")
         if self.constraints_file is not None:
             self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
+        betas = parse_eos_penalties(self.cfg.eos_penalties)
+        rerank = None
+        if self.cfg.rerank_with:
+            if len(betas or ()) < 2:
+                raise ValueError(f"--rerank-with {self.cfg.rerank_with} chooses among candidates: give several "
+                                 "with --eos-penalties (e.g. 0,1,2,3,4)")
+            device = next(models[0].parameters()).device if models else "cpu"
+            rerank = AutoregressiveScorer.load(self.cfg.rerank_with, self.source_dictionary, self.target_dictionary,
+                                               device)
         max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
         return InsertionGenerator(
             self.target_dictionary,
@@ -127,6 +149,8 @@ class InsertionTranslationTask(TranslationTask):
             src_dict=self.source_dictionary,
             constraint_order=constraint_order,
             close_ended_slots=self.cfg.close_ended_slots,
+            eos_penalties=betas,
+            rerank=rerank,
         )
 
     # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (hub.py)
@@ -171,6 +195,16 @@ class InsertionTranslationTask(TranslationTask):
 # decode's length is tied to the source instead (Multi30k en-de, BPE: no training
 # target exceeds 2 x source + 10, 15 of 29,000 exceed 1.2 x source + 10)
 DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B = 2.0, 10
+
+
+def parse_eos_penalties(text: Optional[str]) -> Optional[Tuple[float, ...]]:
+    """``--eos-penalties 0,1,2``: the betas, each a number (the option is named in the error)."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return tuple(float(b) for b in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"--eos-penalties takes comma-separated numbers, e.g. 0,1,2,3,4; got {text!r}") from None
 
 
 def length_limit(max_len_a: float, max_len_b: int) -> Tuple[float, int]:

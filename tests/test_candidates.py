@@ -1,0 +1,115 @@
+"""Candidate decoding (--eos-penalties) and reranking with an autoregressive
+transformer (--rerank-with): the chosen hypothesis is the candidate with the
+best score under the chosen scorer, each candidate is the decode under its own
+EOS penalty, the transformer's score equals fairseq's own SequenceScorer, and
+--nbest prints the candidates."""
+
+import pytest
+import torch
+from fairseq.sequence_scorer import SequenceScorer
+
+from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.rerank import AutoregressiveScorer
+from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
+from tests.test_warm_start import train_teacher
+from tests.utils import build_task, generate_args, parse_generate, reverse_data, run, train_args
+
+BETAS = (0.0, 1.0, 2.0, 3.0)
+
+
+def test_each_candidate_is_the_decode_under_its_penalty_and_the_best_scored_comes_first():
+    d = make_dict()
+    targets = random_targets(d, [3, 6, 11], seed=5)
+    model = OracleModel(d, targets, eos_bonus=1.5)  # end-of-slot beats the right token by 1.5 nats
+    hypos = InsertionGenerator(d, eos_penalties=BETAS).generate([model], batch_for(d, targets))
+    for b, cands in enumerate(hypos):
+        assert sorted(h["eos_penalty"] for h in cands) == list(BETAS)
+        for h in cands:
+            [[alone]] = InsertionGenerator(d, eos_penalty=h["eos_penalty"]).generate(
+                [OracleModel(d, [targets[b]], eos_bonus=1.5)], batch_for(d, [targets[b]]))
+            assert h["tokens"].tolist() == alone["tokens"].tolist() and h["steps"] == alone["steps"]
+        scores = [float(h["score"]) for h in cands]
+        assert scores == sorted(scores, reverse=True)
+        outputs = {tuple(h["tokens"].tolist()) for h in cands}
+        assert outputs == {(d.eos(),), tuple(targets[b] + [d.eos()])}  # beta 0 and 1: nothing; 2 and 3: the target
+
+
+class _ShortestFirst:
+    """A stand-in scorer that prefers short hypotheses and records what it was asked."""
+
+    def __init__(self):
+        self.calls = []
+
+    def score(self, src_tokens, src_lengths, hyps):
+        self.calls.append((src_tokens.size(0), len(hyps)))
+        return -torch.tensor([float(len(h)) for h in hyps])
+
+
+def test_rerank_chooses_the_candidate_the_scorer_likes_best_in_one_call():
+    d = make_dict()
+    targets = random_targets(d, [4, 9], seed=6)
+    scorer = _ShortestFirst()
+    hypos = InsertionGenerator(d, eos_penalties=BETAS, rerank=scorer).generate(
+        [OracleModel(d, targets, eos_bonus=1.5)], batch_for(d, targets))
+    assert scorer.calls == [(len(targets) * len(BETAS), len(targets) * len(BETAS))]  # one batch
+    for cands in hypos:
+        assert [h["rerank_score"] for h in cands] == sorted((h["rerank_score"] for h in cands), reverse=True)
+        assert cands[0]["tokens"].tolist() == [d.eos()]  # the shortest: the empty output of beta 0
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = reverse_data(tmp_path_factory, "candidates", 300, 8, 12)
+    run(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"))
+    teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
+    return root, teacher
+
+
+def test_transformer_score_equals_fairseqs_sequence_scorer(setup):
+    root, teacher = setup
+    task, _ = build_task(root / "bin")
+    task.load_dataset("test")
+    sample = next(iter(task.get_batch_iterator(task.dataset("test"), max_sentences=12).next_epoch_itr(shuffle=False)))
+    scorer = AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    pad = task.target_dictionary.pad()
+    hyps = [t[t.ne(pad)] for t in sample["target"]]  # the references, each ending with eos
+    ours = scorer.score(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], hyps)
+    theirs = SequenceScorer(task.target_dictionary).generate([scorer.model], sample)
+    want = torch.tensor([h[0]["positional_scores"].mean().item() for h in theirs])
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_prints_nbest_candidates_and_reranks(setup):
+    root, teacher = setup
+    ckpt = root / "ckpt" / "checkpoint_last.pt"
+    for extra in ((), ("--rerank-with", teacher)):
+        proc = run(generate_args(root / "bin", ckpt, "--eos-penalties", "0,1,2", "--nbest", "3", *extra))
+        lines = [ln.split("\t")[0] for ln in proc.stdout.splitlines() if ln.startswith("H-")]
+        assert sorted(lines) == sorted(f"H-{i}" for i in range(12) for _ in range(3))
+    hyps = parse_generate(proc.stdout, "H")
+    assert len(hyps) == 12
+
+
+def test_rerank_model_with_another_dictionary_is_refused_by_name(setup, tmp_path_factory):
+    root, _ = setup
+    other = tmp_path_factory.mktemp("other")
+    from tests.utils import preprocess, write_reverse_corpus
+
+    write_reverse_corpus(other / "raw", sizes=(("train", 200), ("valid", 16), ("test", 4)), seed=3)
+    preprocess(other / "raw", other / "bin")  # the same 24 words, counted in another order
+    teacher = train_teacher(other / "bin", other / "teacher", "--share-all-embeddings")
+    task, _ = build_task(root / "bin")
+    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: it was trained with the source dictionary "
+                                         rf"{other / 'bin'}/dict.src.txt, which differs"):
+        AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    bigger = tmp_path_factory.mktemp("bigger")
+    write_reverse_corpus(bigger / "raw", sizes=(("train", 200), ("valid", 16), ("test", 4)), vocab=30)
+    preprocess(bigger / "raw", bigger / "bin")
+    teacher = train_teacher(bigger / "bin", bigger / "teacher", "--share-all-embeddings")
+    n = len(task.source_dictionary)
+    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: its source embedding table has (?!{n} )\d+ "
+                                         rf"entries, but the insertion model's source dictionary has {n}:"):
+        AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    with pytest.raises(ValueError, match="--eos-penalties takes comma-separated numbers"):
+        run_task = build_task(root / "bin", "--eos-penalties", "0,x")[0]
+        run_task.build_generator([], type("A", (), {})())
