@@ -142,8 +142,9 @@ def timed_decode(setup: Setup, system: System, model: str, batch: int, beta: flo
     env_threads(os.cpu_count() or 1)
     beta = 0.0 if model == "transformer" else beta
     out = setup.out / "decode" / system.name / f"test.batch{batch}.out"
+    rerank = {"rerank_with": setup.teacher_checkpoint} if system.rerank else {}
     runs = [R.decode(setup.data, setup.checkpoint(system.training), model, out, eos_penalty=beta, batch_size=batch,
-                     head=setup.batch1 if batch == 1 else None, **setup.limits(), **system.decoding)
+                     head=setup.batch1 if batch == 1 else None, **setup.limits(), **system.decoding, **rerank)
             for _ in range(max(1, setup.repeat))]
     result = {**runs[-1], "eos_penalty": beta}
     if len(runs) > 1:

@@ -41,6 +41,8 @@ def timed_jobs(setup: Setup, systems: dict[str, System], trainings: dict[str, Tr
     jobs = []
     for s in timing_order(systems):
         deps: tuple[Key, ...] = (Key(Step.TRAIN, s.training),)
+        if s.rerank and setup.teacher is None:
+            deps += (Key(Step.TRAIN, TEACHER_RUN),)
         beta = setup.betas[0]
         if swept(s, setup):
             deps += (Key(Step.SWEEP, s.name),)

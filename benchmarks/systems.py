@@ -38,6 +38,7 @@ class System:
     decoding: Mapping[str, object] = field(default_factory=dict)
     sweep_eos: bool = False  # EOS penalty chosen on valid (insertion and NAT systems)
     time_batch1: bool = True  # the --extras are there for their BLEU: timed at batch 128 only
+    rerank: bool = False  # choose among the candidates (decoding["eos_penalties"]) with the teacher
 
     @property
     def data(self) -> str:
@@ -74,7 +75,8 @@ SYSTEMS: dict[str, System] = {
     for suffix in ("", DISTILLED) for name, run, decoding, swept in _SYSTEMS
 }
 
-# --extras (issue "Performance"): a warm start from the teacher, two canvases per sentence
+# --extras: a warm start from the teacher, two canvases per sentence, candidates and reranking
+CANDIDATE_BETAS = (0.0, 1.0, 2.0, 3.0, 4.0)
 EXTRA_TRAININGS: dict[str, Training] = {
     "binary_tree_distilled_warm_start": Training(
         "binary_tree_distilled_warm_start", "insertion", True, {"order": "binary_tree"}, warm_start=True),
@@ -88,6 +90,14 @@ EXTRA_SYSTEMS: dict[str, System] = {
     "insertion_binary_tree_parallel_distilled_k2": System(
         "insertion_binary_tree_parallel_distilled_k2", "binary_tree_distilled_k2",
         {"decoding": "parallel"}, True, time_batch1=False),
+    # candidate decoding: every sentence under EOS penalties 0-4 in one batch, the model's own best
+    # (length-normalised score) or the teacher's (rerank); no sweep: the candidates replace it
+    "insertion_binary_tree_parallel_distilled_candidates": System(
+        "insertion_binary_tree_parallel_distilled_candidates", "binary_tree_distilled",
+        {"decoding": "parallel", "eos_penalties": CANDIDATE_BETAS}),
+    "insertion_binary_tree_parallel_distilled_rerank": System(
+        "insertion_binary_tree_parallel_distilled_rerank", "binary_tree_distilled",
+        {"decoding": "parallel", "eos_penalties": CANDIDATE_BETAS}, rerank=True),
 }
 
 
@@ -104,7 +114,8 @@ def select(names: list[str] | None, extras: bool,
             raise ValueError(f"unknown systems {unknown}; choose from {sorted(systems)}")
         systems = {k: v for k, v in systems.items() if k in names}
     needed = {s.training for s in systems.values()}
-    if train_teacher and any(trainings[t].distilled or trainings[t].warm_start for t in needed):
+    if train_teacher and (any(trainings[t].distilled or trainings[t].warm_start for t in needed)
+                          or any(s.rerank for s in systems.values())):
         needed.add(TEACHER_RUN)
     return systems, {k: v for k, v in trainings.items() if k in needed}
 

@@ -164,9 +164,13 @@ def generate_command(
     device: str = "cpu",
     max_len_a: float = 0.0,
     max_len_b: int = 200,
+    eos_penalties: Sequence[float] = (),
+    rerank_with: Path | None = None,
 ) -> list[str]:
     """One ``fairseq-generate`` command (outputs of at most ``max_len_a`` x source length +
-    ``max_len_b`` tokens, the same limit for every model)."""
+    ``max_len_b`` tokens, the same limit for every model). Insertion models only:
+    ``eos_penalties`` decodes every sentence under each (candidates), ``rerank_with`` chooses
+    among them with that transformer checkpoint."""
     cmd = [
         *fairseq_cli("generate"), str(data_dir), "--path", str(checkpoint), "--gen-subset", subset,
         "--batch-size", str(batch_size), "--required-batch-size-multiple", "1", "--post-process", "subword_nmt",
@@ -177,6 +181,10 @@ def generate_command(
     if model == "insertion":
         cmd += ["--user-dir", str(PLUGIN), "--task", "insertion_translation", "--decoding", decoding,
                 "--eos-penalty", str(eos_penalty)]
+        if eos_penalties:
+            cmd += ["--eos-penalties", ",".join(f"{b:g}" for b in eos_penalties)]
+        if rerank_with is not None:
+            cmd += ["--rerank-with", str(rerank_with)]
     elif model == "transformer":
         cmd += ["--user-dir", str(SAFE_LOAD), "--task", "translation", "--beam", str(beam)]
     elif model == "fairseq_nat":
