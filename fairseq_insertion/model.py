@@ -157,14 +157,17 @@ class EncoderCache(NamedTuple):
 
     Either the encoder-attention keys and values of every decoder layer,
     computed once (``keys``/``values``: per layer (B, heads, S_src, head dim);
-    ``padding_mask``: (B, S_src) True at source padding), or, for decoder
-    layers this fast path does not cover, fairseq's ``encoder_out``.
+    ``padding_mask``: (B, S_src) True at source padding; ``positions``: the
+    decoder's position embeddings of a canvas without padding, (1, max target
+    positions, C)), or, for decoder layers this fast path does not cover,
+    fairseq's ``encoder_out``.
     """
 
     encoder_out: Optional[Dict[str, List[Tensor]]]
     keys: List[Tensor]
     values: List[Tensor]
     padding_mask: Optional[Tensor]
+    positions: Optional[Tensor] = None
 
 
 class InsertionDecoder(TransformerDecoderBase):
@@ -189,10 +192,14 @@ class InsertionDecoder(TransformerDecoderBase):
     # ------------------------------------------------------------ decoding
     def _cacheable(self) -> bool:
         """Whether :meth:`cached_slot_states` covers these layers (plain pre- or post-norm
-        layers with encoder attention; not NormFormer, cross-self-attention, bias_kv)."""
+        layers with encoder attention; not NormFormer, cross-self-attention, bias_kv, or
+        attention dropout kept at inference)."""
+        def plain(attn) -> bool:
+            return (attn is not None and attn.bias_k is None and not attn.add_zero_attn
+                    and not attn.dropout_module.apply_during_inference)
+
         return not self.training and not self.cross_self_attention and all(
-            layer.encoder_attn is not None and layer.encoder_attn.bias_k is None
-            and not layer.encoder_attn.add_zero_attn and not layer.cross_self_attention
+            plain(layer.self_attn) and plain(layer.encoder_attn) and not layer.cross_self_attention
             and layer.c_attn is None and layer.attn_ln is None and layer.ffn_layernorm is None
             and layer.w_resid is None
             for layer in self.layers
@@ -211,7 +218,11 @@ class InsertionDecoder(TransformerDecoderBase):
             for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
                 x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
                 out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
-        return EncoderCache(None, keys, values, mask)
+        positions = None
+        if self.embed_positions is not None:  # fairseq's make_positions numbers the real tokens 1, 2, ...
+            positions = self.embed_positions(enc.new_full((1, self.max_positions()), self.dictionary.bos(),
+                                                          dtype=torch.long))  # (1, P, C)
+        return EncoderCache(None, keys, values, mask, positions)
 
     def cached_slot_states(self, framed: Tensor, cache: EncoderCache) -> Tensor:
         """:meth:`slot_states` in inference, reusing the encoder-attention keys and values
@@ -223,17 +234,18 @@ class InsertionDecoder(TransformerDecoderBase):
             x = self.quant_noise(x)
         if self.project_in_dim is not None:
             x = self.project_in_dim(x)
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(framed)
+        if cache.positions is not None:  # canvases are right-padded: a prefix of the table, zero at padding
+            positions = cache.positions[:, : framed.size(1)]  # (1, T+2, C)
+            x = x + (positions if framed.size(0) == 1 else positions * framed.ne(self.padding_idx).unsqueeze(-1))
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x).transpose(0, 1)  # (T+2, A, C)
         # a single canvas has no padding (the generator trims the batch to its longest canvas);
         # fairseq's extract_features passes no mask then either
-        pad = framed.eq(self.padding_idx) if framed.size(0) > 1 else None  # (A, T+2)
+        keep = framed.ne(self.padding_idx)[:, None, None, :] if framed.size(0) > 1 else None  # (A, 1, 1, T+2)
         src_keep = None if cache.padding_mask is None else ~cache.padding_mask[:, None, None, :]  # (A, 1, 1, S_src)
         for layer, k, v in zip(self.layers, cache.keys, cache.values):
-            x = _cached_layer(layer, x, pad, k, v, src_keep)
+            x = _cached_layer(layer, x, keep, k, v, src_keep)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)
@@ -253,14 +265,13 @@ class InsertionDecoder(TransformerDecoderBase):
         return self.head(H, prev_output_tokens[:, 1:].ne(self.padding_idx), self.output_layer)
 
 
-def _cached_layer(layer, x: Tensor, pad: Optional[Tensor], k: Tensor, v: Tensor,
+def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor,
                   src_keep: Optional[Tensor]) -> Tensor:
     """One fairseq decoder layer in inference (full self-attention over the canvas), with
     the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d)."""
-    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: layer.self_attn(
-        query=h, key=h, value=h, key_padding_mask=pad, need_weights=False)[0])
+    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: _attention(layer.self_attn, h, h, keep))
     x = _residual(layer, layer.encoder_attn_layer_norm, x,
-                  lambda h: _encoder_attention(layer.encoder_attn, h, k, v, src_keep))
+                  lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep))
     return _residual(layer, layer.final_layer_norm, x,
                      lambda h: layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))))
 
@@ -272,11 +283,19 @@ def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Te
     return x if layer.normalize_before else norm(x)
 
 
-def _encoder_attention(attn, x: Tensor, k: Tensor, v: Tensor, src_keep: Optional[Tensor]) -> Tensor:
-    """fairseq's encoder attention with cached keys and values. x: (T, A, C) -> (T, A, C)."""
+def _attention(attn, x: Tensor, kv, keep: Optional[Tensor]) -> Tensor:
+    """A fairseq ``MultiheadAttention`` in inference, as one scaled_dot_product_attention call.
+
+    x: (T, A, C) queries; kv: the canvas itself (T, A, C) for self-attention, or the cached
+    encoder keys and values, each (A, heads, S_src, d); keep: (A, 1, 1, S) True where
+    attending is allowed (None: everywhere)."""
     T, A, C = x.shape
-    q = attn.q_proj(x).view(T, A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)  # (A, heads, T, d)
-    x = F.scaled_dot_product_attention(q, k, v, attn_mask=src_keep, scale=attn.scaling)  # (A, heads, T, d)
+
+    def heads(y: Tensor) -> Tensor:  # (L, A, C) -> (A, heads, L, d)
+        return y.view(y.size(0), A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
+
+    k, v = (heads(attn.k_proj(kv)), heads(attn.v_proj(kv))) if torch.is_tensor(kv) else kv
+    x = F.scaled_dot_product_attention(heads(attn.q_proj(x)), k, v, attn_mask=keep, scale=attn.scaling)
     return attn.out_proj(x.permute(2, 0, 1, 3).reshape(T, A, C))
 
 
@@ -359,9 +378,10 @@ class InsertionTransformerModel(TransformerModel):
         """Keep the sentences ``order`` (A,) of the cache, in that order."""
         if cache.encoder_out is not None:
             return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
-        return EncoderCache(
-            None, [k.index_select(0, order) for k in cache.keys], [v.index_select(0, order) for v in cache.values],
-            None if cache.padding_mask is None else cache.padding_mask.index_select(0, order))
+        mask = cache.padding_mask
+        return cache._replace(keys=[k.index_select(0, order) for k in cache.keys],
+                              values=[v.index_select(0, order) for v in cache.values],
+                              padding_mask=None if mask is None else mask.index_select(0, order))
 
     def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor) -> Tuple[Tensor, Tensor]:
         """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
