@@ -61,6 +61,42 @@ def sample_canvas(
     return (rank < k.unsqueeze(1)) & valid
 
 
+def tree_levels(target_lengths: Tensor, max_len: int) -> Tensor:
+    """The level of every target position in the balanced binary tree that parallel
+    decoding walks: level 0 is the centre of the whole target, level d + 1 the centres
+    of the spans left after levels 0..d (the left centre of an even span, as the
+    binary-tree weights' argmax and the decoder's ties have it).
+
+    target_lengths: (B,). Returns (B, N) long; padding positions get ``N``. A
+    canvas of the tokens of levels < d is the state after d parallel iterations
+    of a perfect binary-tree decode (floor(log2 n) + 1 levels in all).
+    """
+    B, N = target_lengths.size(0), max_len
+    pos = torch.arange(N, device=target_lengths.device).unsqueeze(0).expand(B, N)
+    valid = pos < target_lengths.unsqueeze(1)
+    level = torch.full((B, N), N, dtype=torch.long, device=target_lengths.device)
+    keep = torch.zeros(B, N, dtype=torch.bool, device=target_lengths.device)
+    for d in range(max(N, 1).bit_length()):  # one step per tree level, floor(log2 N) + 1 of them
+        _, start, end = slot_spans(keep, target_lengths)
+        centre = valid & ~keep & pos.eq(torch.div(start + end, 2, rounding_mode="floor"))  # (B, N)
+        level = level.masked_fill(centre, d)
+        keep = keep | centre
+    return level
+
+
+def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional[torch.Generator] = None) -> Tensor:
+    """A canvas that parallel decoding visits: the balanced-binary-tree state after
+    ``d ~ Uniform{0..L}`` iterations, L = floor(log2 n) + 1 (d = L: the whole target).
+
+    Returns keep: (B, N) bool, as :func:`sample_canvas`.
+    """
+    levels = tree_levels(target_lengths, max_len)  # (B, N)
+    depth = torch.where(target_lengths > 0, torch.floor(torch.log2(target_lengths.clamp(min=1).float())) + 1, 0)
+    u = torch.rand(target_lengths.size(0), device=target_lengths.device, generator=generator)
+    d = torch.floor(u * (depth + 1)).long().clamp(max=depth.long())  # (B,)
+    return levels < d.unsqueeze(1)
+
+
 def gather_canvas(target: Tensor, keep: Tensor, pad: int) -> Tuple[Tensor, Tensor]:
     """The kept tokens in target order, left-aligned and padded.
 

@@ -30,6 +30,12 @@ class InsertionLossConfig(FairseqDataclass):
     label_smoothing: float = field(
         default=0.0, metadata={"help": "mix this much of a uniform content distribution into each slot's target"}
     )
+    tree_canvas_prob: float = field(
+        default=0.0,
+        metadata={"help": "with this probability a sentence's canvas is a state parallel decoding visits (the "
+                  "balanced-binary-tree canvas after a uniformly drawn number of iterations) instead of a "
+                  "uniformly random subset; binary_tree and uniform orders"},
+    )
     canvases_per_sentence: int = field(
         default=1,
         metadata={"help": "sample K independent canvases per sentence, sharing one encoder pass; a sentence's "
@@ -40,8 +46,14 @@ class InsertionLossConfig(FairseqDataclass):
 @register_criterion("insertion_loss", dataclass=InsertionLossConfig)
 class InsertionLoss(FairseqCriterion):
     def __init__(self, task, order="binary_tree", tau=1.0, termination="slot", label_smoothing=0.0,
-                 canvases_per_sentence=1):
+                 canvases_per_sentence=1, tree_canvas_prob=0.0):
         super().__init__(task)
+        if not 0.0 <= tree_canvas_prob <= 1.0:
+            raise ValueError(f"--tree-canvas-prob must be in [0, 1], got {tree_canvas_prob}")
+        if tree_canvas_prob > 0 and order == "left_to_right":
+            raise ValueError("--tree-canvas-prob needs --order binary_tree or uniform (left_to_right canvases are "
+                             "prefixes)")
+        self.tree_canvas_prob = float(tree_canvas_prob)
         if not (isinstance(canvases_per_sentence, int) and canvases_per_sentence >= 1):
             raise ValueError(f"--canvases-per-sentence must be an integer >= 1, got {canvases_per_sentence!r}")
         self.canvases_per_sentence = canvases_per_sentence
@@ -65,6 +77,9 @@ class InsertionLoss(FairseqCriterion):
             y, lengths = y.repeat(R, 1), lengths.repeat(R)  # (R B, N), (R B,)
 
         keep = C.sample_canvas(lengths, N, self.order)  # (R B, N)
+        if self.tree_canvas_prob > 0:  # some canvases are states parallel decoding visits
+            tree = torch.rand(keep.size(0), device=keep.device) < self.tree_canvas_prob  # (R B,)
+            keep = torch.where(tree.unsqueeze(1), C.sample_tree_canvas(lengths, N), keep)
         canvas, k = C.gather_canvas(y, keep, self.pad)  # (R B, K), (R B,)
         framed = C.frame(canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
 

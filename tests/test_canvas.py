@@ -217,3 +217,34 @@ def test_bad_options_are_named():
         C.sample_canvas(torch.tensor([3]), 3, "random")
     with pytest.raises(ValueError, match="tau"):
         C.slot_weights(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long), "binary_tree", 0.0)
+
+
+def test_tree_canvases_are_the_states_of_a_perfect_parallel_decode():
+    """Levels < d of tree_levels = the canvas after d iterations of the forced binary-tree decode
+    (the decoder's own history on a model that forces the target)."""
+    from fairseq_insertion.generator import InsertionGenerator
+    from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
+
+    d = make_dict()
+    lengths = [1, 2, 3, 4, 5, 7, 8, 12, 16, 21, 33]
+    targets = random_targets(d, lengths, seed=7)
+    hypos = InsertionGenerator(d, retain_history=True).generate([OracleModel(d, targets)], batch_for(d, targets))
+    levels = C.tree_levels(torch.tensor(lengths), max(lengths))
+    for b, (y, [h]) in enumerate(zip(targets, hypos)):
+        states = [e["tokens"][:-1].tolist() for e in h["history"]]
+        assert len(states) == int(levels[b, : len(y)].max()) + 1 == math.floor(math.log2(len(y))) + 1
+        for depth, state in enumerate(states, start=1):
+            assert state == [t for t, lv in zip(y, levels[b].tolist()) if lv < depth]
+
+
+def test_sample_tree_canvas_draws_every_depth():
+    lengths = torch.full((400,), 12)
+    levels = C.tree_levels(lengths, 12)
+    keep = C.sample_tree_canvas(lengths, 12, generator=torch.Generator().manual_seed(0))
+    depths = set()
+    for row, lv in zip(keep, levels):
+        k = int(row.sum())
+        depth = next(dd for dd in range(5) if int((lv < dd).sum()) == k)
+        assert torch.equal(row, lv < depth)  # a tree state, not just any subset of that size
+        depths.add(depth)
+    assert depths == {0, 1, 2, 3, 4}  # floor(log2 12) + 1 = 4 levels; depth 4 is the whole target

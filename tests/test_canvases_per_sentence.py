@@ -132,3 +132,27 @@ def test_k_below_one_is_refused(data, tmp_path, k):
     task, args = build_task(data / "bin", "--save-dir", tmp_path, "--canvases-per-sentence", k)
     with pytest.raises(ValueError, match=f"--canvases-per-sentence must be an integer >= 1, got {k}"):
         task.build_criterion(args)
+
+
+def test_tree_canvas_prob_one_trains_on_tree_states_only(data, tmp_path, monkeypatch):
+    """--tree-canvas-prob 1: every canvas the loss sees is a balanced-binary-tree state."""
+    _, model, criterion, sample = setup(data, tmp_path, "--tree-canvas-prob", "1")
+    used = []
+    gather = C.gather_canvas
+
+    def recording_gather(y, keep, pad):
+        used.append(keep)
+        return gather(y, keep, pad)
+
+    monkeypatch.setattr(criterion_module.C, "gather_canvas", recording_gather)
+    loss, _, _ = criterion(model, sample)
+    assert torch.isfinite(loss)
+    target = sample["target"]
+    lengths = target.ne(criterion.pad).sum(1) - 1
+    levels = C.tree_levels(lengths, target.size(1))
+    for keep, lv in zip(used[0], levels):
+        assert any(torch.equal(keep, lv < depth) for depth in range(target.size(1) + 1))
+    with pytest.raises(ValueError, match="--tree-canvas-prob must be in"):
+        setup(data, tmp_path, "--tree-canvas-prob", "1.5")
+    with pytest.raises(ValueError, match="--tree-canvas-prob needs --order binary_tree or uniform"):
+        setup(data, tmp_path, "--tree-canvas-prob", "0.5", "--order", "left_to_right")
