@@ -195,7 +195,8 @@ class InsertionGenerator:
         if constraints is None:
             constraints = sample.get("constraints")
         model = models[0]
-        model.eval()
+        if model.training:  # fairseq's CLIs and the hub already put it in eval mode
+            model.eval()
         net_input = sample["net_input"]
         src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
         B, device = src_tokens.size(0), src_tokens.device

@@ -44,6 +44,8 @@ class OracleModel:
         self.encoder = _Encoder()
         self.decoder = self._decode
 
+    training = False
+
     def eval(self):
         return self
 
