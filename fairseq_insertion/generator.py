@@ -273,12 +273,13 @@ class InsertionGenerator:
                          eos_penalty)
         closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
         start = (max_len > lengths) & (C.slot_mask(lengths, K + 1) & ~closed).any(1)  # (B,)
-        width, room, n_active = (torch.stack([max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum()])
-                                 .tolist() if B else (0, 0, 0))
+        width, room, n_active, started_width = (torch.stack([
+            max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum(), (lengths * start).max()]).tolist()
+            if B else (0, 0, 0, 0))
         out = _widened(state, max(width, K), self.pad)  # the result, filled in as sentences finish
         max_iter = self.max_iterations or room
         history: List[List[Dict]] = [[] for _ in range(B)]
-        state, cache = self._keep(model, state, cache, start, n_active)
+        state, cache = self._keep(model, state, cache, start, n_active, started_width)
         passes = 0
         for _ in range(max_iter + 1):
             if n_active == 0:
@@ -291,21 +292,24 @@ class InsertionGenerator:
             if self.retain_history:
                 self._record(history, state, state.lengths > before)
             if n_keep < n_active:
-                _store(out, state.take((~keep).nonzero().flatten()))
-                state, cache = self._keep(model, state, cache, keep, n_keep)
-                state = state._replace(tokens=state.tokens[:, :kept_width], scores=state.scores[:, :kept_width],
-                                       closed_before=state.closed_before[:, :kept_width])
+                _store(out, state.take(keep.long().argsort(stable=True)[:n_active - n_keep]))  # the finished rows
+                state, cache = self._keep(model, state, cache, keep, n_keep, kept_width)
             n_active = n_keep
         if n_active:
             _store(out, state)
         return out, history, passes
 
-    def _keep(self, model, state: Canvases, cache, keep: Tensor, n_keep: int) -> Tuple[Canvases, object]:
-        """The rows ``keep`` (A,) of the state and of the encoder cache, in order (``n_keep`` of them)."""
+    def _keep(self, model, state: Canvases, cache, keep: Tensor, n_keep: int,
+              width: int) -> Tuple[Canvases, object]:
+        """The rows ``keep`` (A,) of the state and of the encoder cache, in order (``n_keep`` of them),
+        the canvases trimmed to ``width``, the longest kept one (so a single canvas has no padding)."""
         if n_keep == keep.numel():
             return state, cache
         idx = keep.long().argsort(descending=True, stable=True)[:n_keep]  # kept rows first, in order
-        return state.take(idx), model.reorder_decoding_cache(cache, idx)
+        state = state.take(idx)
+        state = state._replace(tokens=state.tokens[:, :width], scores=state.scores[:, :width],
+                               closed_before=state.closed_before[:, :width])
+        return state, model.reorder_decoding_cache(cache, idx)
 
     def _predict(self, model, state: Canvases, cache) -> SlotScores:
         """One forward pass: the best token and its log p(c | l) for every open slot.

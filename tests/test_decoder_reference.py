@@ -151,3 +151,19 @@ def test_close_ended_slots_decodes_an_oracle_in_the_same_iterations():
         b = InsertionGenerator(d, decoding=decoding, close_ended_slots=True).generate([model], batch_for(d, targets))
         assert [h["tokens"].tolist() for [h] in a] == [h["tokens"].tolist() for [h] in b]
         assert [h["steps"] for [h] in a] == [h["steps"] for [h] in b]
+
+
+def test_a_sentence_decoded_beside_a_finished_wider_one_is_decoded_as_alone(trained):
+    """A line whose constraints already fill its length limit never enters the loop; the line
+    decoded beside it must not see that line's wider canvas as padding."""
+    _, model, task = trained
+    d = task.target_dictionary
+    sample = _batches(task, 2)[0]
+    words = sample["target"][0][:3]
+    gen = InsertionGenerator(d, src_dict=task.source_dictionary, max_len_a=0, max_len_b=3)
+    both = gen.generate([model], sample, constraints=pack_constraints([[words], []]))
+    assert both[0][0]["tokens"][:-1].tolist() == words.tolist()
+    alone = {k: v[1:] if torch.is_tensor(v) else v for k, v in sample["net_input"].items()}
+    [[h]] = gen.generate([model], {"net_input": alone})
+    assert both[1][0]["tokens"].tolist() == h["tokens"].tolist()
+    torch.testing.assert_close(both[1][0]["positional_scores"], h["positional_scores"])
