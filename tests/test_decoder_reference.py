@@ -31,7 +31,8 @@ def trained(tmp_path_factory):
 
 
 def _batches(task, size: int):
-    itr = task.get_batch_iterator(task.dataset("test"), max_sentences=size, required_batch_size_multiple=1)
+    itr = task.get_batch_iterator(task.dataset("test"), max_sentences=size, required_batch_size_multiple=1,
+                                  disable_iterator_cache=True)  # fairseq would reuse the first size's batches
     return list(itr.next_epoch_itr(shuffle=False))
 
 
@@ -82,6 +83,7 @@ def test_hypotheses_equal_the_previous_decoder(trained, decoding, termination, c
 
 def test_batch_one_equals_batch_sixteen(trained):
     _, model, task = trained
+    assert {len(b["id"]) for b in _batches(task, 1)} == {1}
     one = _decode_all(InsertionGenerator, model, task, 1, False)
     many = _decode_all(InsertionGenerator, model, task, 16, False)
     assert {i: h["tokens"].tolist() for i, h in one.items()} == {i: h["tokens"].tolist() for i, h in many.items()}
