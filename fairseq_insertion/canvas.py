@@ -402,3 +402,55 @@ def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
     found = hit.any(2)
     absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)
     return torch.where(found, hit.long().argmax(2), absent)
+
+
+# ----------------------------------------------------------------------------
+# Repetition (decoding): tokens a slot may not receive
+# ----------------------------------------------------------------------------
+def repeated_tokens(framed: Tensor, ngram: int, neighbours: bool, special: Tuple[int, ...], pad: int) -> Tensor:
+    """Per slot, the tokens whose insertion would repeat part of the canvas.
+
+    framed: (B, T+2) ``[bos] canvas [eos]``, right-padded with ``pad``; slot ``l``
+    lies between columns l and l+1 (S = T+1 slots).
+
+    * neighbours: a copy of either neighbour of the slot (``a a b`` from ``a b``);
+    * ngram n >= 2: a token c such that an n-gram of the canvas after inserting c
+      into slot l, one that contains c, already occurs in the canvas (framed, so
+      bos/eos count as context) and survives the insertion. n-grams that span
+      slot l (hold both its neighbours) are broken by the insertion and not
+      counted. Insertions into other slots of the same pass are not taken into
+      account (each slot is judged against the current canvas).
+
+    Tokens in ``special`` (bos, eos: end-of-slot) are never returned. Returns
+    (B, S, M) token ids, ``pad`` where a column holds nothing (M = 0 when both
+    rules are off).
+    """
+    B, W = framed.shape
+    S = W - 1
+    columns = []  # (B, S, *) each
+    if neighbours:
+        columns.append(torch.stack([framed[:, :-1], framed[:, 1:]], -1))  # (B, S, 2)
+    n = int(ngram)
+    if n >= 2 and W >= n:
+        real = framed.ne(pad)
+        # contexts: real tokens, -1 outside the framed canvas; windows: -2 at padding (never matches)
+        ctx = torch.nn.functional.pad(framed.masked_fill(~real, -1), (n - 1, n - 1), value=-1)  # (B, W+2n-2)
+        ctx_win = ctx.unfold(1, n - 1, 1)  # (B, W+n-1, n-1): n-1 columns from each start
+        win = framed.masked_fill(~real, -2).unfold(1, n, 1)  # (B, J, n), window j holds columns j..j+n-1
+        J = win.size(1)
+        slot = torch.arange(S, device=framed.device)
+        start = torch.arange(J, device=framed.device)
+        # window j spans slot l (holds columns l and l+1) when l-n+2 <= j <= l
+        spans = (start.unsqueeze(0) <= slot.unsqueeze(1)) & (start.unsqueeze(0) >= slot.unsqueeze(1) - n + 2)  # (S, J)
+        for i in range(n):  # c at offset i of the n-gram: i tokens left of the slot, n-1-i right of it
+            context = ctx_win[:, slot - i + n]  # (B, S, n-1): framed columns l-i+1 .. l+n-1-i
+            rest = torch.cat([win[..., :i], win[..., i + 1:]], -1)  # (B, J, n-1)
+            match = (context.unsqueeze(2) == rest.unsqueeze(1)).all(-1) & ~spans  # (B, S, J)
+            columns.append(torch.where(match, win[..., i].unsqueeze(1), pad))  # (B, S, J)
+    if not columns:
+        return framed.new_full((B, S, 0), pad)
+    out = torch.cat(columns, -1)  # (B, S, M)
+    never = out.lt(0)
+    for s in special:
+        never |= out.eq(s)
+    return out.masked_fill(never, pad)

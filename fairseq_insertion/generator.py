@@ -41,12 +41,12 @@ class Canvases(NamedTuple):
 
     rows: Tensor  # (A,) index of each sentence in the batch
     tokens: Tensor  # (A, K) canvas tokens, pad after each length
-    scores: Tensor  # (A, K) log p(c | l) of each inserted token; 0 for constraint tokens
+    scores: Tensor  # (A, K) log p(c, l) of each inserted token when inserted; 0 for constraint tokens
     closed_before: Tensor  # (A, K) the slot just before token j is closed
     closed_end: Tensor  # (A,) the last slot is closed
     lengths: Tensor  # (A,)
     iterations: Tensor  # (A,) steps that inserted at least one token
-    final_eos: Tensor  # (A,) mean end-of-slot log-prob over the open slots in the latest pass
+    final_eos: Tensor  # (A,) the latest pass's end-of-slot decisions: sum of their log p(eos, l)
     max_len: Tensor  # (A,) length limit
     eos_penalty: Tensor  # (A,) beta of each row (several per sentence with --eos-penalties)
 
@@ -61,7 +61,7 @@ class SlotScores(NamedTuple):
     tokens: Tensor  # the best token of each open slot (eos elsewhere): bos/pad excluded, eos penalised
     log_probs: Tensor  # its log p(c | l) (the eos penalty included when eos wins)
     location: Tensor  # log p(l), -inf at padding slots
-    final_eos: Tensor  # (A,) mean end-of-slot log p(c | l) over the open slots, before the penalty
+    final_eos: Tensor  # (A,) log-prob of this pass's end-of-slot decisions, sum of log p(eos, l), no penalty
     content: Optional[Tensor]  # (A, S, V) log p(c | l) of the open slots (-inf elsewhere); greedy sequence only
 
 
@@ -70,7 +70,7 @@ class Insertions(NamedTuple):
 
     mask: Tensor  # (A, S)
     tokens: Tensor  # (A, S)
-    log_probs: Tensor  # (A, S)
+    log_probs: Tensor  # (A, S) log p(c | l)
 
 
 def parallel_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
@@ -124,10 +124,25 @@ class InsertionGenerator:
     eos_penalties: several betas: every sentence is decoded under each of them
     in one batch, and its candidates (one per beta, ``eos_penalty`` says
     which) are returned best first (fairseq's ``--nbest`` prints the first
-    k): by the model's own
-    length-normalised score (``score``, the mean positional log-prob), or by
-    ``rerank``'s score when given (an autoregressive model, one teacher-forced
-    batch for all candidates; stored as ``rerank_score``).
+    k): by the model's own score (``score``), or by ``rerank``'s score when
+    given (an autoregressive model, one teacher-forced batch for all
+    candidates; stored as ``rerank_score``).
+
+    Scores. A hypothesis's ``positional_scores`` are the log-probability of
+    the decode that made it: for each token, log p(c, l) = log p(l) +
+    log p(c | l) in the pass that inserted it (0 for constraint tokens), and
+    last, the end-of-slot decisions that ended it, the sum of log p(eos, l)
+    over the slots that chose end-of-slot in the final pass (for greedy
+    sequence finalization: the end-of-sequence (slot, eos) that won). EOS
+    penalties shape the decisions but never enter these log-probabilities.
+    ``log_prob`` is their sum; ``score`` is ``log_prob / (n + 1) ** lenpen``
+    (fairseq's ``--lenpen``; n tokens plus the termination term), and
+    ``rerank``'s scores use the same ``lenpen``.
+
+    Repetition: ``block_neighbour_copies`` (default) stops a slot from
+    inserting a copy of either of its neighbours; ``no_repeat_ngram_size`` n
+    stops it from inserting a token that makes an n-gram of the canvas occur
+    twice (see :func:`canvas.repeated_tokens`). End-of-slot is never blocked.
     The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
     model's maximum target positions (minus the two boundary markers), and a
     sentence stops after ``max_iterations`` iterations (0: its length limit).
@@ -158,12 +173,20 @@ class InsertionGenerator:
         close_ended_slots: bool = False,
         eos_penalties: Optional[Sequence[float]] = None,
         rerank: Optional[CandidateScorer] = None,
+        block_neighbour_copies: bool = True,
+        no_repeat_ngram_size: int = 0,
+        lenpen: float = 1.0,
     ):
         if decoding not in DECODINGS:
             raise ValueError(f"--decoding must be one of {DECODINGS}, got {decoding!r}")
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             raise ValueError(f"--constraints must be one of {CONSTRAINT_ORDERS}, got {constraint_order!r}")
         self.constraint_order = str(constraint_order or "ordered")
+        if int(no_repeat_ngram_size) < 0 or int(no_repeat_ngram_size) == 1:
+            raise ValueError(f"--no-repeat-ngram-size must be 0 (off) or >= 2, got {no_repeat_ngram_size}")
+        self.block_neighbour_copies = bool(block_neighbour_copies)
+        self.no_repeat_ngram_size = int(no_repeat_ngram_size)
+        self.lenpen = float(lenpen)
         if max_iterations < 0:
             raise ValueError(f"--max-iterations must be >= 0, got {max_iterations}")
         self.tgt_dict = tgt_dict
@@ -325,6 +348,10 @@ class InsertionGenerator:
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
         lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
         eos_lp = content[:, self.eos] - lse  # (N,)
+        if self.block_neighbour_copies or self.no_repeat_ngram_size:
+            blocked = C.repeated_tokens(framed, self.no_repeat_ngram_size, self.block_neighbour_copies,
+                                        (self.bos, self.eos), self.pad)  # (A, S, M), pad: nothing
+            content.scatter_(1, blocked[open_], float("-inf"))  # pad is -inf below anyway
         if len(self.eos_penalties) == 1:
             content[:, self.eos] -= self.eos_penalties[0]
         else:  # each slot its row's beta
@@ -334,12 +361,14 @@ class InsertionGenerator:
         best, tok = content.max(-1)  # (N,)
         tokens = torch.full((A, S), self.eos, dtype=torch.long, device=framed.device).masked_scatter(open_, tok)
         log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
-        eos_sum = location.new_zeros(A, S).masked_scatter(open_, eos_lp).sum(1)
-        final_eos = eos_sum / open_.sum(1).clamp(min=1)
+        eos_joint = location.new_full((A, S), float("-inf")).masked_scatter(open_, eos_lp) + location  # (A, S)
         full = None
         if self.decoding == "greedy" and getattr(model, "termination", "slot") == "sequence":
             full = content.new_full((A, S, content.size(-1)), float("-inf"))
             full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
+            final_eos = eos_joint.max(1).values  # the end-of-sequence decision: its best (slot, eos)
+        else:  # every slot that chose end-of-slot
+            final_eos = eos_joint.masked_fill(~(open_ & tokens.eq(self.eos)), 0.0).sum(1)
         return SlotScores(open_, tokens, log_probs, location, final_eos, full)
 
     def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
@@ -363,7 +392,7 @@ class InsertionGenerator:
         new = Canvases(
             state.rows,
             C.place(dest, state.tokens, choice.tokens, width, self.pad),
-            C.place(dest, state.scores, choice.log_probs, width, 0.0),
+            C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
             C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
             closed_end, new_len, iterations, scores.final_eos, state.max_len, state.eos_penalty,
         )
@@ -403,9 +432,11 @@ class InsertionGenerator:
         n = int(length)
         tokens = torch.cat([canvas[:n], canvas.new_tensor([self.eos])])
         positional = torch.cat([scores[:n].float(), scores.new_tensor([float(eos_score)]).float()])
+        log_prob = positional.sum()
         return {
             "tokens": tokens,
-            "score": positional.mean(),
+            "score": log_prob / (n + 1) ** self.lenpen,
+            "log_prob": log_prob,
             "positional_scores": positional,
             "steps": int(steps),
             "attention": None,

@@ -67,6 +67,7 @@ _replace_fairseq_registration(MODEL_NAME)
 
 
 CONTENT_LOCATION = ("factorized", "joint")
+WARM_START_SLOTS = ("left", "random")
 
 
 class SlotHead(nn.Module):
@@ -317,6 +318,12 @@ class InsertionTransformerModel(TransformerModel):
                             help="warm start: copy the encoder, decoder layers and embeddings from this fairseq "
                                  "transformer checkpoint (same dictionary and sizes) when training starts; "
                                  "ignored when resuming and when loading a trained insertion checkpoint")
+        parser.add_argument("--warm-start-slots", choices=WARM_START_SLOTS,
+                            help="with --init-from-transformer, how the new slot layers start. left (default): "
+                                 "a slot's state is its left neighbour's (slot projection [I | 0], bias 0) and "
+                                 "p(l) is uniform (location query 0), so each slot scores its content with the "
+                                 "teacher's next-token predictor; random: Xavier slot projection and random "
+                                 "location query, as without a warm start")
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -453,7 +460,7 @@ def warm_start(model: "InsertionTransformerModel", args: Any) -> None:
         if getattr(args, other, None):
             raise ValueError(f"--init-from-transformer {path} and --{other.replace('_', '-')} "
                              f"{getattr(args, other)} both set the initial weights; pass only one")
-    init_from_transformer(model, path)
+    init_from_transformer(model, path, getattr(args, "warm_start_slots", None) or "left")
 
 
 def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
@@ -483,17 +490,26 @@ def _teacher_state(path: str) -> Dict[str, Tensor]:
     return transformer_checkpoint(path, "--init-from-transformer")["model"]
 
 
-def init_from_transformer(model: "InsertionTransformerModel", path: str) -> Dict[str, List[str]]:
+def init_from_transformer(model: "InsertionTransformerModel", path: str,
+                          slots: str = "left") -> Dict[str, List[str]]:
     """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match.
 
     Raises ``ValueError`` listing every tensor whose shape differs (typically:
     another dictionary or other layer sizes). Tensors new in the insertion model
     (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh
-    initialisation and are named in one log line; teacher tensors the insertion
-    model lacks are named in a warning. Where the insertion model ties tensors
+    initialisation (but see ``slots``) and are named in one log line; teacher
+    tensors the insertion model lacks are named in a warning. Where the insertion model ties tensors
     the teacher keeps separate (shared embeddings), the first name's value is
     used and a warning says so. Returns the names: copied, new, unused.
+
+    slots: ``left`` starts the slot projection as [I | 0] (bias 0), so a slot's
+    state is its left neighbour's decoder state, and the location query at 0
+    (uniform p(l)): a slot's content scores are then the teacher's output layer
+    applied to its left neighbour's state, i.e. the teacher's prediction of the
+    token that follows it. ``random`` keeps the fresh initialisation.
     """
+    if slots not in WARM_START_SLOTS:
+        raise ValueError(f"--warm-start-slots must be one of {WARM_START_SLOTS}, got {slots!r}")
     theirs = _teacher_state(path)
     own = model.state_dict(keep_vars=True)  # name -> the Parameter / buffer itself (tied: same object)
     wrong = [(k, tuple(theirs[k].shape), tuple(v.shape)) for k, v in own.items()
@@ -531,12 +547,29 @@ def init_from_transformer(model: "InsertionTransformerModel", path: str) -> Dict
     if not any(isinstance(own[k], nn.Parameter) for k in copied):
         raise ValueError(f"--init-from-transformer {path}: no parameter of the teacher matches the insertion "
                          "model's by name")
+    if slots == "left":
+        _start_slots_at_left_neighbour(model)
     logger.info("--init-from-transformer %s: copied %d tensors (%d parameters); new in the insertion model, "
-                "freshly initialised: %s", path, len(copied), n_params, ", ".join(new) or "none")
+                "%s: %s", path, len(copied), n_params,
+                "slots started at the left neighbour (--warm-start-slots left)" if slots == "left"
+                else "freshly initialised", ", ".join(new) or "none")
     if unused:
         logger.warning("--init-from-transformer %s: teacher tensors the insertion model has no place for, not "
                        "used: %s", path, ", ".join(unused))
     return {"copied": copied, "new": new, "unused": unused}
+
+
+def _start_slots_at_left_neighbour(model: "InsertionTransformerModel") -> None:
+    """Slot state h_l = x_l, the left neighbour's state: slot projection [I | 0], bias 0;
+    uniform p(l): location query 0 (factorized variant)."""
+    proj, head = model.decoder.slot_proj, model.decoder.head
+    dim = proj.weight.size(0)  # weight: (C, 2C)
+    with torch.no_grad():
+        proj.weight.zero_()
+        proj.weight[:, :dim].copy_(torch.eye(dim, dtype=proj.weight.dtype))
+        proj.bias.zero_()
+        if head is not None and head.location_query is not None:
+            head.location_query.zero_()
 
 
 # ----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ of fairseq's ``--iter-decode-with-external-reranker``.
 The candidates of a batch (each sentence decoded under several EOS penalties,
 ``--eos-penalties``) are scored in one teacher-forced forward pass; a
 candidate's score is its length-normalised log-probability
-``log p(y | x) / (n + 1)`` (the ``n`` tokens and end-of-sentence).
+``log p(y | x) / (n + 1) ** lenpen`` (the ``n`` tokens and end-of-sentence;
+fairseq's ``--lenpen``, default 1: the mean token log-probability).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ OPTION = "--rerank-with"
 
 
 class AutoregressiveScorer:
-    """Length-normalised log p(y | x) under a fairseq autoregressive transformer."""
+    """Length-normalised log p(y | x) / (n + 1) ** lenpen under a fairseq autoregressive transformer."""
 
-    def __init__(self, model: torch.nn.Module, pad: int, eos: int):
-        self.model, self.pad, self.eos = model.eval(), pad, eos
+    def __init__(self, model: torch.nn.Module, pad: int, eos: int, lenpen: float = 1.0):
+        self.model, self.pad, self.eos, self.lenpen = model.eval(), pad, eos, float(lenpen)
 
     @classmethod
-    def load(cls, path: str, src_dict, tgt_dict, device: torch.device) -> "AutoregressiveScorer":
+    def load(cls, path: str, src_dict, tgt_dict, device: torch.device, lenpen: float = 1.0) -> "AutoregressiveScorer":
         """Load a transformer checkpoint trained with the same dictionaries as the insertion model.
 
         Refused, naming the files: another kind of model, or other dictionaries (the
@@ -43,7 +44,7 @@ class AutoregressiveScorer:
         task = TranslationTask(cfg.task, src_dict, tgt_dict)
         model = task.build_model(cfg.model)
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
-        return cls(model.to(device), tgt_dict.pad(), tgt_dict.eos())
+        return cls(model.to(device), tgt_dict.pad(), tgt_dict.eos(), lenpen)
 
     @torch.no_grad()
     def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor]) -> Tensor:
@@ -57,7 +58,7 @@ class AutoregressiveScorer:
         lprobs = self.model.get_normalized_probs(self.model(src_tokens, src_lengths, prev), log_probs=True)
         real = target.ne(self.pad)  # (N, T)
         tok = lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)  # (N, T)
-        return tok.sum(1) / real.sum(1).clamp(min=1)
+        return tok.sum(1) / real.sum(1).clamp(min=1).float() ** self.lenpen
 
 
 def _check_dictionaries(path: str, state: dict, src_dict, tgt_dict) -> None:

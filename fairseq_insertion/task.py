@@ -53,6 +53,12 @@ class InsertionTranslationConfig(TranslationConfig):
                   "distillation teacher): choose among the --eos-penalties candidates by its length-normalised "
                   "log p(y | x), one teacher-forced batch per batch of sentences"},
     )
+    allow_neighbour_copies: bool = field(
+        default=False,
+        metadata={"help": "let a slot insert a copy of either neighbour token; by default it may not (parallel "
+                  "decoding otherwise grows runs like 'vor vor vor ...'). fairseq's --no-repeat-ngram-size N "
+                  "also applies: no insertion may make an n-gram of the canvas occur twice"},
+    )
     close_ended_slots: bool = field(
         default=False,
         metadata={"help": "a slot whose best token is end-of-slot stays closed for the rest of the decode, so "
@@ -136,7 +142,7 @@ class InsertionTranslationTask(TranslationTask):
                                  "with --eos-penalties (e.g. 0,1,2,3,4)")
             device = next(models[0].parameters()).device if models else "cpu"
             rerank = AutoregressiveScorer.load(self.cfg.rerank_with, self.source_dictionary, self.target_dictionary,
-                                               device)
+                                               device, lenpen=getattr(args, "lenpen", 1.0))
         max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
         return InsertionGenerator(
             self.target_dictionary,
@@ -151,6 +157,9 @@ class InsertionTranslationTask(TranslationTask):
             close_ended_slots=self.cfg.close_ended_slots,
             eos_penalties=betas,
             rerank=rerank,
+            block_neighbour_copies=not self.cfg.allow_neighbour_copies,
+            no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0) or 0,
+            lenpen=getattr(args, "lenpen", 1.0),
         )
 
     # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (hub.py)

@@ -155,13 +155,14 @@ def test_eos_penalty_overrides_premature_end_of_slot():
 def test_decoding_is_bounded_when_the_model_never_stops(decoding):
     d = make_dict()
     targets = [[5], [6, 7]]
-    model = OracleModel(d, targets, never_stop=True, max_pos=12)
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200)
+    model = OracleModel(d, targets, never_stop=True, max_pos=12)  # t7 everywhere: allowed to copy it
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, block_neighbour_copies=False)
     for [h] in hypos:
         assert len(h["tokens"]) - 1 == 10  # max target positions minus the two boundary markers
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=7)
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=7, block_neighbour_copies=False)
     assert all(len(h["tokens"]) - 1 == 7 for [h] in hypos)
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, max_iterations=2)
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, max_iterations=2,
+                      block_neighbour_copies=False)
     assert all(h["steps"] == 2 for [h] in hypos)
 
 

@@ -57,7 +57,8 @@ def build(data, tmp_path, *flags):
 
 def test_encoder_decoder_layers_and_embeddings_come_from_the_teacher(data, teacher, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="fairseq_insertion.model")
-    model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher)
+    model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher,
+                  "--warm-start-slots", "random")
     cold = build(data, tmp_path, "--share-all-embeddings")
     theirs, own = teacher_weights(teacher), model.state_dict()
     shared = [k for k in own if k in theirs]
@@ -73,6 +74,37 @@ def test_encoder_decoder_layers_and_embeddings_come_from_the_teacher(data, teach
     lines = [r.getMessage() for r in caplog.records if "copied" in r.getMessage()]
     assert len(lines) == 1 and str(teacher) in lines[0]
     assert lines[0].split("freshly initialised: ")[1].split(", ") == [k for k in own if k in NEW]
+
+
+def test_slots_start_as_the_teachers_next_token_predictor(data, teacher, tmp_path):
+    """--warm-start-slots left (the default), before any update: a slot's content scores are the teacher's
+    output layer applied to its left neighbour's decoder state, and p(l) is uniform."""
+    model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher).eval()
+    theirs = teacher_weights(teacher)
+    d = model.decoder.dictionary
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(d.nspecial, len(d), (3, 7), generator=g)
+    canvas = torch.randint(d.nspecial, len(d), (3, 5), generator=g)
+    framed = torch.cat([torch.full((3, 1), d.bos()), canvas, torch.full((3, 1), d.eos())], 1)  # (3, 7)
+    framed[2, 4:] = torch.tensor([d.eos(), d.pad(), d.pad()])  # a shorter canvas
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.full((3,), 7))
+        x, _ = model.decoder.extract_features(framed, enc, full_context_alignment=True)  # (3, 7, C)
+        content, location = model.decoder(framed, encoder_out=enc)  # (3, 6, V), (3, 6)
+        content_lp, location_lp = model.slot_log_probs((content, location), framed)
+    want = x[:, :-1].matmul(theirs["decoder.output_projection.weight"].t())  # (3, 6, V) left neighbour's state
+    torch.testing.assert_close(content, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(content_lp, want.log_softmax(-1), atol=1e-5, rtol=1e-5)
+    real = framed[:, 1:].ne(d.pad())
+    uniform = -real.sum(1, keepdim=True).float().log().expand_as(location_lp)
+    torch.testing.assert_close(location_lp[real], uniform[real])
+    assert torch.isinf(location_lp[~real]).all()
+    # the random start differs
+    cold = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher,
+                 "--warm-start-slots", "random").eval()
+    with torch.no_grad():
+        other, _ = cold.decoder(framed, encoder_out=cold.encoder(src, src_lengths=torch.full((3,), 7)))
+    assert not torch.allclose(other, want, atol=1e-3)
 
 
 def test_teacher_without_shared_embeddings(data, teacher, tmp_path, caplog):
@@ -137,7 +169,7 @@ def test_trained_checkpoint_needs_no_teacher_and_resume_does_not_reapply(data, t
     cmd = train_args(data / "bin", save, "--init-from-transformer", own_teacher, "--canvases-per-sentence", "2",
                      "--no-epoch-checkpoints")
     log = (lambda p: p.stdout + p.stderr)(run([*cmd, "--max-update", "4"]))
-    assert re.search(rf"--init-from-transformer {own_teacher}: copied \d+ tensors .*freshly initialised: "
+    assert re.search(rf"--init-from-transformer {own_teacher}: copied \d+ tensors .*at the left neighbour.*: "
                      r"decoder.slot_proj.weight, decoder.slot_proj.bias, decoder.head.location_query", log), log[-3000:]
     assert "num_updates 4" in log
     own_teacher.unlink()
