@@ -166,11 +166,12 @@ def generate_command(
     max_len_b: int = 200,
     eos_penalties: Sequence[float] = (),
     rerank_with: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """One ``fairseq-generate`` command (outputs of at most ``max_len_a`` x source length +
     ``max_len_b`` tokens, the same limit for every model). Insertion models only:
     ``eos_penalties`` decodes every sentence under each (candidates), ``rerank_with`` chooses
-    among them with that transformer checkpoint."""
+    among them with that transformer checkpoint. ``extra``: further fairseq-generate arguments."""
     cmd = [
         *fairseq_cli("generate"), str(data_dir), "--path", str(checkpoint), "--gen-subset", subset,
         "--batch-size", str(batch_size), "--required-batch-size-multiple", "1", "--post-process", "subword_nmt",
@@ -192,7 +193,7 @@ def generate_command(
                 "--iter-decode-eos-penalty", str(eos_penalty), "--beam", "1"]
     else:
         raise RecipeError(f"unknown model {model!r}")
-    return cmd
+    return cmd + [str(x) for x in extra]
 
 
 def run(cmd: Sequence[str], log: Path, stdout: Path | None = None) -> float:
@@ -288,6 +289,7 @@ def distill(data: Path, teacher: Path, device: str = "cpu", beam: int = 5, max_t
 
 # ----------------------------------------------------------------- decoding
 TIME_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s")
+PASSES_RE = re.compile(r"batched forward passes (\d+) \(([\d.]+) per batch")  # the plugin's summary line
 
 
 def head_bin(data: Path, n: int) -> Path:
@@ -328,7 +330,11 @@ def decode(data: Path, checkpoint: Path, model: str, out: Path, subset: str = "t
         lengths = {i: max(0, n - 1) for i, n in gen.positional_scores.items()}
         result["mean_iterations"] = sum(lengths.values()) / max(len(lengths), 1)
     result["mean_length"] = sum(max(0, n - specials) for n in gen.positional_scores.values()) / max(len(refs), 1)
-    match = TIME_RE.search(out.with_suffix(".log").read_text(errors="replace") + out.read_text(errors="replace"))
+    text = out.with_suffix(".log").read_text(errors="replace") + out.read_text(errors="replace")
+    passes = PASSES_RE.search(text)
+    if passes:
+        result["forward_passes"], result["passes_per_batch"] = int(passes.group(1)), float(passes.group(2))
+    match = TIME_RE.search(text)
     if match is None:
         raise RecipeError(f"no 'Translated ... sentences' line from fairseq-generate in {out}")
     sentences, per_second = int(match.group(1).replace(",", "")), float(match.group(4))

@@ -126,7 +126,7 @@ def score(
         else len(gen.hypotheses[i].split())
         for i in ids
     ]
-    mean_iterations = None
+    mean_iterations, over_bound = None, None
     if gen.iterations:
         if gen.iterations.keys() != set(ids):
             lacking = sorted(set(ids) - gen.iterations.keys())
@@ -134,6 +134,7 @@ def score(
                 f"I- lines present but missing for ids: {_format_ids(lacking)}"
             )
         mean_iterations = sum(gen.iterations[i] for i in ids) / len(ids)
+        over_bound = iteration_distribution([gen.iterations[i] for i in ids], lengths)
     return {
         "bleu": result.score,
         "bleu_str": str(result),
@@ -144,6 +145,25 @@ def score(
         if ids
         else 0.0,
         "length_source": "P" if gen.positional_scores else "H",
+        "brevity_penalty": result.bp,
+        "iterations": over_bound,
+    }
+
+
+def iteration_distribution(iterations: list[int], lengths: list[int]) -> dict[str, float]:
+    """Per-sentence decoding iterations against floor(log2 n)+1: mean, 99th percentile and max
+    of the iterations, the mean excess over the bound, and how many sentences take more than
+    twice their bound, and more than twice their bound + 2."""
+    bounds = [log2_bound(n) for n in lengths]
+    ordered = sorted(iterations)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0
+    return {
+        "mean": sum(iterations) / max(len(iterations), 1),
+        "p99": p99,
+        "max": max(iterations, default=0),
+        "mean_over_bound": sum(i - b for i, b in zip(iterations, bounds)) / max(len(iterations), 1),
+        "over_2x_bound": sum(i > 2 * b for i, b in zip(iterations, bounds)),
+        "over_2x_bound_plus_2": sum(i > 2 * b + 2 for i, b in zip(iterations, bounds)),
     }
 
 
