@@ -1,7 +1,8 @@
 """The package's modules import one another one way only, down this order:
 canvas <- model <- criterion, generator, rerank <- constraints <- task <- hub <- the
-package. Checked statically (importing a submodule runs the package's
-``__init__``, which imports them all), imports inside functions included."""
+package; visualize (it reads fairseq-generate output) imports none of them. Checked
+statically (importing a submodule runs the package's ``__init__``, which imports them
+all), imports inside functions included."""
 
 import ast
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["canvas", "model", "criterion", "generator", "rerank", "constraints", "task", "hub", "__init__"]
+LAYERS = ["visualize", "canvas", "model", "criterion", "generator", "rerank", "constraints", "task", "hub", "__init__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:
