@@ -6,7 +6,8 @@ Shell blocks are fences tagged ``bash``, ``sh``, ``shell`` or nothing. A command
 read as the shell would split it (``\\`` line continuations joined, comments and
 quotes handled, ``$(which fairseq-train)`` read as ``fairseq-train``), from its
 ``fairseq-*`` word to the end of the line or a ``|``, ``;``, ``&&``, ``>``; ``...``
-stands for elided arguments and is skipped. Each command is parsed as its CLI does:
+stands for elided arguments and is skipped, ``<name>`` is a placeholder value, and
+``[--flag value]`` an optional flag, checked like the others. Each command is parsed as its CLI does:
 fairseq-preprocess with ``options.get_preprocessing_parser``; fairseq-train,
 fairseq-generate and fairseq-interactive with ``options.parse_args_and_arch`` on their
 parsers, whose second pass adds the options of the command's own ``--task``,
@@ -75,6 +76,7 @@ def fairseq_commands(block: str) -> Iterator[Tuple[int, str, List[str]]]:
         if not re.search(r"(^|[\s/(])fairseq-\w", line):
             continue  # no fairseq command (prose in a plain fence may not even split)
         line = re.sub(r"\$\(\s*which\s+(fairseq-[\w-]+)\s*\)", r"\1", line)
+        line = re.sub(r"<[\w./-]+>", "PLACEHOLDER", line)  # <data-bin>: a placeholder, not a redirection
         lexer = shlex.shlex(line, posix=True, punctuation_chars="|&;<>()")
         lexer.whitespace_split = True
         lexer.commenters = "#"
@@ -90,7 +92,9 @@ def fairseq_commands(block: str) -> Iterator[Tuple[int, str, List[str]]]:
                 for w in words[i + 1:]:
                     if w in SEPARATORS:
                         break
-                    if w not in ("...", "…"):
+                    w = w[1:] if w.startswith("[") else w  # [--optional flag]
+                    w = w[:-1] if w.endswith("]") and "[" not in w else w
+                    if w and w not in ("...", "…"):
                         args.append(w)
                 yield offset, name, args
 
@@ -218,6 +222,7 @@ fairseq-generate data-bin --user-dir fairseq_insertion --task insertion_translat
 ```
 $ ignored prompt line; the next command is checked
 PATH=/x $(which fairseq-generate) data-bin --user-dir fairseq_insertion --task insertion_translation --decoding paralel
+fairseq-interactive <data-bin> --user-dir fairseq_insertion --task insertion_translation --path <ckpt> [--nbst 2]
 ```
 
 ```python
@@ -234,15 +239,16 @@ def test_a_misspelled_flag_a_bad_value_and_a_broken_link_are_reported(tmp_path):
     doc.parent.mkdir()
     doc.write_text(SCRATCH.replace("../fairseq_insertion/canvas.py", str(REPO / "fairseq_insertion" / "canvas.py")))
     problems = check_flags([doc])
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert problems[0].startswith("scratch.md:4: fairseq-train does not know --ordr"), problems
     assert "scratch.md:13: fairseq-generate rejects the command" in problems[1] and "paralel" in problems[1]
+    assert problems[2] == "scratch.md:14: fairseq-interactive does not know --nbst"
     links = check_links([doc])
     assert len(links) == 1 and "docs/nowhere.md#part does not resolve" in links[0], links
     # the fixed copy passes: --tau (a criterion option) and --decoding (a task option) are known
     fixed = tmp_path / "fixed.md"
     fixed.write_text(doc.read_text().replace("--ordr", "--order").replace("paralel", "parallel")
-                     .replace("docs/nowhere.md#part", "scratch.md"))
+                     .replace("nbst", "nbest").replace("docs/nowhere.md#part", "scratch.md"))
     (tmp_path / "scratch.md").write_text("")
     assert check_flags([fixed]) == [] and check_links([fixed]) == []
 
