@@ -24,6 +24,11 @@ from .rerank import AutoregressiveScorer
 logger = logging.getLogger(__name__)
 
 
+# repeated n-grams blocked by default: on Multi30k (the kit's warm-started model, 600 updates, valid, beta 2)
+# n = 3 removed every sentence over 2 x its floor(log2 n)+1 + 2 iterations at no cost in BLEU
+DEFAULT_REPEAT_NGRAM = 3
+
+
 @dataclass
 class InsertionTranslationConfig(TranslationConfig):
     decoding: ChoiceEnum(list(DECODINGS)) = field(  # type: ignore[valid-type]
@@ -56,8 +61,12 @@ class InsertionTranslationConfig(TranslationConfig):
     allow_neighbour_copies: bool = field(
         default=False,
         metadata={"help": "let a slot insert a copy of either neighbour token; by default it may not (parallel "
-                  "decoding otherwise grows runs like 'vor vor vor ...'). fairseq's --no-repeat-ngram-size N "
-                  "also applies: no insertion may make an n-gram of the canvas occur twice"},
+                  "decoding otherwise grows runs like 'vor vor vor ...')"},
+    )
+    repeat_ngram_block: int = field(
+        default=DEFAULT_REPEAT_NGRAM,
+        metadata={"help": "no insertion may make an n-gram of the canvas of this size occur twice (0: off); "
+                  "fairseq's --no-repeat-ngram-size, when given, takes precedence"},
     )
     close_ended_slots: bool = field(
         default=False,
@@ -158,7 +167,7 @@ class InsertionTranslationTask(TranslationTask):
             eos_penalties=betas,
             rerank=rerank,
             block_neighbour_copies=not self.cfg.allow_neighbour_copies,
-            no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0) or 0,
+            no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0) or self.cfg.repeat_ngram_block,
             lenpen=getattr(args, "lenpen", 1.0),
         )
 
