@@ -292,6 +292,8 @@ def layout(decode: Decode, title: str | None = None) -> Picture:
     for t in range(len(decode.rows)):
         y = top + t * ROW
         labels.append(Label(MARGIN + CHAR * 4, y + (ROW - 4) / 2 + FONT * 0.35, str(t), FONT, OLD, "end"))
+        if t == 0 and not decode.rows[0]:
+            labels.append(Label(left + PAD, y + (ROW - 4) / 2 + FONT * 0.35, "(empty canvas)", FONT * 0.85, OLD))
         for j in range(n):
             it = decode.iteration[j]
             if it > t:

@@ -204,3 +204,11 @@ def test_an_output_without_history_is_refused_by_name(outputs):
         decode_of(read_generate_output(text.splitlines())[0])
     with pytest.raises(VisualizeError, match="no hypothesis 1"):
         decode_of(read_generate_output(files["greedy"].read_text().splitlines())[0], 1)
+
+
+def test_the_readme_picture_is_what_the_committed_command_draws():
+    """docs/decode.svg == python -m fairseq_insertion.visualize docs/decode.out --id 0 (docs/visualize.md)."""
+    out = (REPO / "docs" / "decode.out").read_text(encoding="utf-8")
+    d = decode_of(read_generate_output(out.splitlines())[0])
+    assert (REPO / "docs" / "decode.svg").read_text(encoding="utf-8") == to_svg(layout(d))
+    assert len(d.rows) == 4 + 1 and len(d.tokens) == 11 and max(d.iteration) == 4  # as the docs say
