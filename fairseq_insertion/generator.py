@@ -183,7 +183,8 @@ class InsertionGenerator:
             raise ValueError(f"--constraints must be one of {CONSTRAINT_ORDERS}, got {constraint_order!r}")
         self.constraint_order = str(constraint_order or "ordered")
         if int(no_repeat_ngram_size) < 0 or int(no_repeat_ngram_size) == 1:
-            raise ValueError(f"--no-repeat-ngram-size must be 0 (off) or >= 2, got {no_repeat_ngram_size}")
+            raise ValueError("the repeated n-gram size, --repeat-ngram-block / --no-repeat-ngram-size must be 0 "
+                             f"(off) or >= 2, got {no_repeat_ngram_size}")
         self.block_neighbour_copies = bool(block_neighbour_copies)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size)
         self.lenpen = float(lenpen)
