@@ -6,7 +6,10 @@ sentences and settings, one after the other in one process.
         --batch-size 1 --eos-penalty 2 --max-len-a 1.2 --max-len-b 10 --reference --out profile.json
 
 Reports per loop: seconds, forward passes, aten ops per pass, the share of CPU time spent in
-the vocabulary projection (``decoder.output_layer``) and the top ops by self CPU time.
+the vocabulary projection (``decoder.output_layer``) and the top ops by self CPU time, all under
+the profiler; and from a second, unprofiled run: milliseconds per sentence, per pass (the whole
+loop, encoder excluded) and per model pass (``decode_slots`` alone), and in the encoder.
+``--precision`` converts the model first (``--decode-precision``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import fairseq_insertion  # noqa: F401  registers the model, task and safe globals
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.precision import PRECISIONS, for_decoding
+from fairseq_insertion.task import DEFAULT_REPEAT_NGRAM
 
 
 def load(checkpoint: str, data: str):
@@ -32,7 +37,8 @@ def load(checkpoint: str, data: str):
 
 
 def batches(task, n: int, batch_size: int) -> list[dict]:
-    itr = task.get_batch_iterator(task.dataset("test"), max_sentences=batch_size, required_batch_size_multiple=1)
+    itr = task.get_batch_iterator(task.dataset("test"), max_sentences=batch_size, required_batch_size_multiple=1,
+                                  disable_iterator_cache=True)
     out, seen = [], 0
     for sample in itr.next_epoch_itr(shuffle=False):
         if seen >= n:
@@ -51,6 +57,45 @@ def traced_projection(model) -> None:
             return project(x)
 
     model.decoder.output_layer = marked
+
+
+class Stopwatch:
+    """Seconds and calls of a wrapped function (an attribute of ``owner``), while ``on``."""
+
+    def __init__(self, owner, name: str):
+        self.seconds, self.calls, self.on = 0.0, 0, False
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return inner(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        setattr(owner, name, timed)
+
+
+def timed(generator, model, samples: list[dict], encoder: Stopwatch, passes: Stopwatch) -> dict:
+    """An unprofiled decode of ``samples``: ms per sentence, per pass and in the encoder."""
+    for watch in (encoder, passes):
+        watch.seconds, watch.calls, watch.on = 0.0, 0, True
+    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+    with torch.no_grad():
+        sync()
+        start = time.perf_counter()
+        n = sum(len(generator.generate([model], s)) for s in samples)
+        sync()
+        seconds = time.perf_counter() - start
+    encoder.on = passes.on = False
+    p = max(passes.calls, 1)
+    return {"ms_per_sentence": round(seconds / n * 1e3, 3), "ms_per_pass": round((seconds - encoder.seconds) / p * 1e3,
+                                                                                 3),
+            "ms_per_model_pass": round(passes.seconds / p * 1e3, 3),
+            "encoder_ms_per_sentence": round(encoder.seconds / n * 1e3, 3), "passes_per_sentence": round(p / n, 3)}
 
 
 def run(generator, model, samples: list[dict], top: int) -> dict:
@@ -90,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len-a", type=float, default=1.2)
     parser.add_argument("--max-len-b", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as --decode-precision")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--top", type=int, default=10, help="how many ops to list")
     parser.add_argument("--reference", action="store_true",
                         help="also profile tests/reference_generator.py, the loop before the per-pass work")
@@ -98,17 +145,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, task = load(args.checkpoint, args.data)
+    if args.device == "cuda":
+        model.cuda()
+    for_decoding(model, args.precision)
     traced_projection(model)
     samples = batches(task, args.sentences, args.batch_size)
+    if args.device == "cuda":
+        from fairseq import utils
+
+        samples = [utils.move_to_cuda(s) for s in samples]
     kwargs = dict(decoding="parallel", eos_penalty=args.eos_penalty, max_len_a=args.max_len_a,
-                  max_len_b=args.max_len_b, src_dict=task.source_dictionary)
+                  max_len_b=args.max_len_b, src_dict=task.source_dictionary,
+                  no_repeat_ngram_size=DEFAULT_REPEAT_NGRAM)
+    encoder, passes = Stopwatch(model.encoder, "forward"), Stopwatch(model, "decode_slots")
+    generator = InsertionGenerator(task.target_dictionary, **kwargs)
     result = {"checkpoint": args.checkpoint, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
-              "current": run(InsertionGenerator(task.target_dictionary, **kwargs), model, samples, args.top)}
+              "precision": args.precision, "device": args.device,
+              "current": run(generator, model, samples, args.top)}
+    result["current"]["unprofiled"] = timed(generator, model, samples, encoder, passes)
     if args.reference:
         from tests.reference_generator import ReferenceInsertionGenerator
 
-        result["reference"] = run(ReferenceInsertionGenerator(task.target_dictionary, **kwargs), model, samples,
-                                  args.top)
+        kwargs.pop("no_repeat_ngram_size")  # the reference loop has no repetition rules
+        reference = ReferenceInsertionGenerator(task.target_dictionary, **kwargs)
+        result["reference"] = run(reference, model, samples, args.top)
+        result["reference"]["unprofiled"] = timed(reference, model, samples, encoder, passes)
         result["speedup"] = round(result["reference"]["seconds"] / result["current"]["seconds"], 3)
     text = json.dumps(result, indent=2)
     print(text)

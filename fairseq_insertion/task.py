@@ -18,7 +18,8 @@ from torch import Tensor
 
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
-from .model import warm_start
+from .model import InsertionTransformerModel, warm_start
+from .precision import PRECISIONS, for_decoding
 from .rerank import AutoregressiveScorer
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,13 @@ class InsertionTranslationConfig(TranslationConfig):
         metadata={"help": "a slot whose best token is end-of-slot stays closed for the rest of the decode, so "
                   "later passes score only the open slots (models trained with slot finalization; can change "
                   "the output)"},
+    )
+    decode_precision: ChoiceEnum(list(PRECISIONS)) = field(  # type: ignore[valid-type]
+        default="fp32",
+        metadata={"help": "convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
+                  "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the "
+                  "same conversion applies to --rerank-with's model and to an autoregressive transformer decoded "
+                  "through this task (fairseq's beam search), so speeds compare like with like"},
     )
     constraints_file: Optional[str] = field(
         default=None,
@@ -134,6 +142,17 @@ class InsertionTranslationTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
         _tolerate_invalid_utf8_stdin()
+        precision = str(self.cfg.decode_precision)
+        for model in models:  # (fairseq's make_generation_fast_ makes model.eval() return None: no chaining)
+            model.eval()
+            for_decoding(model, precision)
+        if not all(isinstance(m, InsertionTransformerModel) for m in models):
+            if any(isinstance(m, InsertionTransformerModel) for m in models):
+                raise ValueError("an ensemble of insertion and autoregressive models cannot be decoded together")
+            # an autoregressive transformer (e.g. the teacher, timed beside the insertion model at the same
+            # --decode-precision): fairseq's own generator
+            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
+                                           prefix_allowed_tokens_fn)
         constraint_order = getattr(args, "constraints", None)
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
@@ -152,6 +171,7 @@ class InsertionTranslationTask(TranslationTask):
             device = next(models[0].parameters()).device if models else "cpu"
             rerank = AutoregressiveScorer.load(self.cfg.rerank_with, self.source_dictionary, self.target_dictionary,
                                                device, lenpen=getattr(args, "lenpen", 1.0))
+            for_decoding(rerank.model, precision)
         max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
         return InsertionGenerator(
             self.target_dictionary,

@@ -10,7 +10,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["visualize", "canvas", "model", "criterion", "generator", "rerank", "constraints", "task", "hub", "__init__"]
+LAYERS = ["visualize", "canvas", "precision", "model", "criterion", "generator", "rerank", "constraints", "task",
+          "hub", "__init__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:

@@ -166,12 +166,15 @@ def generate_command(
     max_len_b: int = 200,
     eos_penalties: Sequence[float] = (),
     rerank_with: Path | None = None,
+    precision: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """One ``fairseq-generate`` command (outputs of at most ``max_len_a`` x source length +
     ``max_len_b`` tokens, the same limit for every model). Insertion models only:
     ``eos_penalties`` decodes every sentence under each (candidates), ``rerank_with`` chooses
-    among them with that transformer checkpoint. ``extra``: further fairseq-generate arguments."""
+    among them with that transformer checkpoint. ``precision``: the plugin's ``--decode-precision``
+    (fp32, bf16, int8), for a transformer too (then decoded through the plugin's task, with
+    fairseq's own generator). ``extra``: further fairseq-generate arguments."""
     cmd = [
         *fairseq_cli("generate"), str(data_dir), "--path", str(checkpoint), "--gen-subset", subset,
         "--batch-size", str(batch_size), "--required-batch-size-multiple", "1", "--post-process", "subword_nmt",
@@ -186,6 +189,8 @@ def generate_command(
             cmd += ["--eos-penalties", ",".join(f"{b:g}" for b in eos_penalties)]
         if rerank_with is not None:
             cmd += ["--rerank-with", str(rerank_with)]
+    elif model == "transformer" and precision is not None:
+        cmd += ["--user-dir", str(PLUGIN), "--task", "insertion_translation", "--beam", str(beam)]
     elif model == "transformer":
         cmd += ["--user-dir", str(SAFE_LOAD), "--task", "translation", "--beam", str(beam)]
     elif model == "fairseq_nat":
@@ -193,6 +198,10 @@ def generate_command(
                 "--iter-decode-eos-penalty", str(eos_penalty), "--beam", "1"]
     else:
         raise RecipeError(f"unknown model {model!r}")
+    if precision is not None:
+        if model not in ("insertion", "transformer"):
+            raise RecipeError(f"precision: insertion and transformer models only, not {model!r}")
+        cmd += ["--decode-precision", precision]
     return cmd + [str(x) for x in extra]
 
 
