@@ -56,10 +56,12 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
                 "command": r["command"]}
     ar, ins = rows["ar_greedy"], rows["insertion_parallel"]
     ratios = {}
-    if "batch1" in ar:
-        ratios["batch1_time_ratio"] = ins["batch1"]["decode_seconds"] / ar["batch1"]["decode_seconds"]
-    if "batch128" in ar:
-        ratios["batch128_throughput_ratio"] = ar["batch128"]["decode_seconds"] / ins["batch128"]["decode_seconds"]
+    for batch in args.batch_sizes:
+        a, i = ar[f"batch{batch}"]["decode_seconds"], ins[f"batch{batch}"]["decode_seconds"]
+        if batch == 1:
+            ratios["batch1_time_ratio"] = i / a
+        else:
+            ratios[f"batch{batch}_throughput_ratio"] = a / i
     return {"systems": rows, "ratios": ratios}
 
 

@@ -1,5 +1,6 @@
 """benchmarks.from_teacher end to end on a tiny teacher and corpus: fine-tune, average, choose the
-decoding on valid, decode the test set beside the teacher, and write every row."""
+decoding on valid, decode the test set beside the teacher, and write every row; then
+benchmarks.decode_speed on its model and teacher at two precisions."""
 
 import json
 import subprocess
@@ -56,3 +57,21 @@ def test_from_teacher_writes_every_system(kit, tmp_path):
     assert not torch.equal(states[0][key], states[1][key])
     torch.testing.assert_close(avg[key], (states[0][key] + states[1][key]) / 2)
     assert f"--init-from-transformer {teacher} --warm-start-slots left" in res["training"]["command"]
+
+    # decode_speed: both models through the plugin's task at each precision, the ratios
+    speed = tmp_path / "speed"
+    cmd = [sys.executable, "-m", "benchmarks.decode_speed", "--insertion", out / "train" / "checkpoint_last.pt",
+           "--teacher", teacher, "--data", root, "--out", speed, "--device", "cpu", "--precisions", "fp32", "int8",
+           "--batch-sizes", "4", "1", "--batch1-sentences", "3", "--max-len-a", "1", "--max-len-b", "5"]
+    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((speed / "results.json").read_text())["results"]
+    assert set(res) == {"fp32", "int8"}
+    for precision, r in res.items():
+        assert set(r["ratios"]) == {"batch1_time_ratio", "batch4_throughput_ratio"}
+        assert all(v > 0 for v in r["ratios"].values())
+        for name in ("ar_greedy", "insertion_parallel"):
+            one, four = r["systems"][name]["batch1"], r["systems"][name]["batch4"]
+            assert one["sentences"] == 3 and four["sentences"] == 6 and 0 <= four["bleu"] <= 100
+            assert f"--decode-precision {precision}" in four["command"]
+            assert "--task insertion_translation" in four["command"]  # the teacher too: the same conversion
