@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="an insertion_transformer checkpoint")
     parser.add_argument("--data", required=True, help="its data-bin directory (the test split is decoded)")
-    parser.add_argument("--sentences", type=int, default=100, help="decode the first N test sentences")
+    parser.add_argument("--sentences", type=int, default=100,
+                        help="decode the first N test sentences in fairseq's batch order (the shortest first)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--eos-penalty", type=float, default=0.0)
     parser.add_argument("--max-len-a", type=float, default=1.2)
