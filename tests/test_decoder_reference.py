@@ -11,26 +11,19 @@ import random
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
 from fairseq.token_generation_constraints import pack_constraints
 
 from fairseq_insertion.generator import InsertionGenerator
 from tests.reference_generator import ReferenceInsertionGenerator
 from tests.test_decoding import OracleModel, batch_for, make_dict
-from tests.utils import PLUGIN, generate_args, parse_generate, reverse_data, run, train_args
+from tests.utils import PLUGIN, generate_args, parse_generate, run, trained_reverse_model
 
 TEST_LINES = 40
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    # a few hundred updates: outputs of every length, neither empty nor perfect
-    root = reverse_data(tmp_path_factory, "reference", 800, 8, TEST_LINES)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "150", "--no-epoch-checkpoints"))
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(root / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(root / "bin")})
-    task.load_dataset("test")
-    return root, models[0].eval(), task
+    return trained_reverse_model(tmp_path_factory, "reference", TEST_LINES)
 
 
 def _batches(task, size: int):

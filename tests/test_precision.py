@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
-from fairseq import checkpoint_utils, options, tasks
+from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from fairseq_insertion import precision as P
 from fairseq_insertion.generator import InsertionGenerator
-from tests.utils import PLUGIN, reverse_data, run, train_args
+from tests.utils import PLUGIN, trained_reverse_model
 
 TEST_LINES = 40
 # a tiny model (d=64, 150 updates) decoded at lower precision: some argmaxes are near ties
@@ -22,12 +22,7 @@ MAX_DIFFERENT = {"int8": 10, "bf16": 6}
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = reverse_data(tmp_path_factory, "precision", 800, 8, TEST_LINES)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "150", "--no-epoch-checkpoints"))
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(root / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(root / "bin")})
-    task.load_dataset("test")
-    return root, models[0].eval(), task
+    return trained_reverse_model(tmp_path_factory, "precision", TEST_LINES)
 
 
 def _decode(model, task) -> dict:

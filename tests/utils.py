@@ -38,6 +38,19 @@ def reverse_data(tmp_path_factory, name: str, train: int, valid: int, test: int)
     return root
 
 
+def trained_reverse_model(tmp_path_factory, name: str, test_lines: int, updates: int = 150):
+    """(root, model in eval mode, task with its test split loaded): a tiny insertion model trained a few
+    hundred updates on a reverse corpus (outputs of every length, neither empty nor perfect)."""
+    from fairseq import checkpoint_utils
+
+    root = reverse_data(tmp_path_factory, name, 800, 8, test_lines)
+    run(train_args(root / "bin", root / "ckpt", "--max-update", str(updates), "--no-epoch-checkpoints"))
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(root / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(root / "bin")})
+    task.load_dataset("test")
+    return root, models[0].eval(), task
+
+
 def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     """Run a CLI from the test environment's bin directory, capturing output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
