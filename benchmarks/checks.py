@@ -4,8 +4,17 @@ same dictionaries as the prepared data, and a teacher whose embedding tables fit
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable, Optional, Tuple
 
 SPECIALS = 4  # fairseq's Dictionary: <s>, <pad>, </s>, <unk> before the file's entries
+
+
+def missing_input(paths: Iterable[Tuple[str, Path]]) -> Optional[str]:
+    """The error for the first (option, path) whose path does not exist, or None."""
+    for option, path in paths:
+        if not path.exists():
+            return f"error: {option} {path}: not found"
+    return None
 
 
 class CheckError(ValueError):

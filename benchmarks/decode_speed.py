@@ -26,7 +26,8 @@ from pathlib import Path
 
 from examples.multi30k import recipe as R
 
-from .machine import machine_info, versions
+from .checks import missing_input
+from .machine import run_info
 
 KIT = Path(__file__).resolve().parent.parent.parent / "shared" / "models" / "multi30k-en-de-transformer-d256"
 KEYS = ("bleu", "brevity_penalty", "mean_iterations", "mean_log2_bound", "passes_per_batch", "forward_passes",
@@ -105,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = args.device or R.default_device()
     args.out = args.out.resolve()
-    for what, path in (("--insertion", args.insertion), ("--teacher", args.teacher),
-                       ("--data", args.data / "data-bin")):
-        if not path.exists():
-            print(f"error: {what} {path}: not found", file=sys.stderr)
-            return 1
+    error = missing_input((("--insertion", args.insertion), ("--teacher", args.teacher),
+                           ("--data", args.data / "data-bin")))
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     results = {}
     try:
         for precision in args.precisions:
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except R.RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    summary = {"machine": machine_info(args.device), "versions": versions(), "device": args.device,
-               "threads": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())), "insertion": str(args.insertion),
+    summary = {**run_info(args.device), "device": args.device, "insertion": str(args.insertion),
                "teacher": str(args.teacher), "eos_penalty": args.eos_penalty, "results": results}
     (args.out / "results.json").write_text(json.dumps(summary, indent=2))
     print(table(results))

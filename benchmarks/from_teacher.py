@@ -35,7 +35,8 @@ import torch
 
 from examples.multi30k import recipe as R
 
-from .machine import machine_info, versions
+from .checks import missing_input
+from .machine import run_info
 
 KIT = Path(__file__).resolve().parent.parent.parent / "shared" / "models" / "multi30k-en-de-transformer-d256"
 
@@ -205,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = args.device or R.default_device()
     args.out = args.out.resolve()
-    for what, path in (("--teacher", args.teacher), ("--data", args.data / "data-bin"),
-                       ("--distilled", args.distilled)):
-        if not path.exists():
-            print(f"error: {what} {path}: not found", file=sys.stderr)
-            return 1
+    error = missing_input((("--teacher", args.teacher), ("--data", args.data / "data-bin"),
+                           ("--distilled", args.distilled)))
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     save = args.out / "train"
     cmd = train_command(args, save)
     try:
@@ -228,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith("insertion"):
             row["train_updates"] = training["train_updates"]
     size = R.Size(args.layers, args.dim, args.heads, args.ffn)
-    results = {"arch": size.describe(), "machine": machine_info(args.device), "versions": versions(),
-               "threads": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())), "teacher": str(args.teacher),
+    results = {"arch": size.describe(), **run_info(args.device), "teacher": str(args.teacher),
                "training": training, "valid": valid, "systems": rows}
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     print(table(rows))

@@ -32,3 +32,9 @@ def versions() -> dict:
         except Exception:  # pragma: no cover - reported, not fatal
             out[mod] = None
     return out
+
+
+def run_info(device: str) -> dict:
+    """What a results file records about where it ran: the machine, the versions and the threads."""
+    return {"machine": machine_info(device), "versions": versions(),
+            "threads": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
