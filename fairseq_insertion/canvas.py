@@ -29,6 +29,16 @@ ORDERS = ("left_to_right", "binary_tree", "uniform")
 TERMINATIONS = ("slot", "sequence")
 
 
+def log2_bound(n: int | Tensor) -> int | Tensor:
+    """floor(log2 n) + 1 for n > 0, else 0: the iterations of a balanced binary-tree decode of
+    n tokens (the levels of :func:`tree_levels`). ``n``: an int, or a tensor of any shape, counted
+    exactly (the powers of two <= n), the result of the same shape."""
+    if isinstance(n, Tensor):
+        powers = 2 ** torch.arange(62, device=n.device)  # (P,)
+        return (n.long().unsqueeze(-1) >= powers).sum(-1)  # n's shape
+    return max(int(n), 0).bit_length()
+
+
 # ----------------------------------------------------------------------------
 # Canvas sampling (paper: "Training and Loss Functions")
 # ----------------------------------------------------------------------------
@@ -76,7 +86,7 @@ def tree_levels(target_lengths: Tensor, max_len: int) -> Tensor:
     valid = pos < target_lengths.unsqueeze(1)
     level = torch.full((B, N), N, dtype=torch.long, device=target_lengths.device)
     keep = torch.zeros(B, N, dtype=torch.bool, device=target_lengths.device)
-    for d in range(max(N, 1).bit_length()):  # one step per tree level, floor(log2 N) + 1 of them
+    for d in range(log2_bound(max(N, 1))):  # one step per tree level
         _, start, end = slot_spans(keep, target_lengths)
         centre = valid & ~keep & pos.eq(torch.div(start + end, 2, rounding_mode="floor"))  # (B, N)
         level = level.masked_fill(centre, d)
@@ -91,7 +101,7 @@ def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional
     Returns keep: (B, N) bool, as :func:`sample_canvas`.
     """
     levels = tree_levels(target_lengths, max_len)  # (B, N)
-    depth = torch.where(target_lengths > 0, torch.floor(torch.log2(target_lengths.clamp(min=1).float())) + 1, 0)
+    depth = log2_bound(target_lengths)  # (B,)
     u = torch.rand(target_lengths.size(0), device=target_lengths.device, generator=generator)
     d = torch.floor(u * (depth + 1)).long().clamp(max=depth.long())  # (B,)
     return levels < d.unsqueeze(1)
