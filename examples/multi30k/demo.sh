@@ -3,7 +3,7 @@
 #   prepare (Moses + joint BPE + fairseq-preprocess) -> fairseq-train (binary tree, slot finalization)
 #   -> fairseq-generate --decoding parallel on test_2016_flickr -> detokenised sacreBLEU + iterations.
 # Usage: demo.sh [RAW_DIR]   (RAW_DIR holds Multi30k's raw {train,val,test_2016_flickr}.{en,de}.gz;
-#                             without it prepare.py downloads them)
+#                             without it, or with an empty one, prepare.py downloads them)
 # Environment: DEMO_DIR (default .demo), UPDATES (default 500), DEVICE_FLAGS (default --cpu),
 #              BETAS (EOS penalties tried on valid, default "0 1 2 3").
 set -euo pipefail
@@ -17,6 +17,11 @@ mkdir -p "$work"
 start=$(date +%s)
 
 if [ ! -f "$work/data/data-bin/dict.src.txt" ]; then
+  if [ -n "$raw" ]; then
+    echo "raw Multi30k from $raw"
+  else
+    echo "raw Multi30k: downloading it into $work/data/raw_download"
+  fi
   python "$here/prepare.py" --out "$work/data" --src en --tgt de ${raw:+--raw-dir "$raw"}
 fi
 
