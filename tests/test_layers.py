@@ -1,6 +1,6 @@
 """The package's modules import one another one way only, down this order:
 canvas <- model <- criterion, generator, rerank <- constraints <- task <- hub <- the
-package; visualize (it reads fairseq-generate output) imports none of them. Checked
+package <- __main__ (the option listing); visualize (it reads fairseq-generate output) imports none of them. Checked
 statically (importing a submodule runs the package's ``__init__``, which imports them
 all), imports inside functions included."""
 
@@ -11,7 +11,7 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
 LAYERS = ["visualize", "canvas", "precision", "model", "criterion", "generator", "rerank", "constraints", "task",
-          "hub", "__init__"]
+          "hub", "__init__", "__main__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:

@@ -1,0 +1,168 @@
+"""``python -m fairseq_insertion [--help]``: every command-line option the plugin adds to fairseq,
+grouped by the commands it applies to.
+
+Nothing here names an option: the listing is read at runtime from what the package registers with
+fairseq (its tasks, models and architectures, criterions and any other registered component), each
+component's options being those its ``add_args`` (its dataclass, for tasks and criterions) adds beyond
+the fairseq class it extends and beyond fairseq's own command-line options."""
+
+import argparse
+import sys
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+# the commands a component's options take effect in, by fairseq registry, and a note on them
+APPLIES = {
+    "model": ("fairseq-train", "stored in the checkpoint, so decoding reads them from there"),
+    "criterion": ("fairseq-train", None),
+    "optimizer": ("fairseq-train", None),
+    "lr_scheduler": ("fairseq-train", None),
+    "task": ("fairseq-generate, fairseq-interactive",
+             "the hub takes them as keyword arguments; fairseq-train accepts them too"),
+}
+ORDER = ("fairseq-train", "fairseq-generate")  # training groups first, then decoding
+
+
+class Component(NamedTuple):
+    """A class the plugin registers with fairseq: ``kind`` is the registry (``--{kind} NAME``)."""
+
+    kind: str
+    names: List[str]  # the names it is registered under (for a model, its architectures)
+    cls: type
+
+
+class _Recorder:
+    """Stands in for an argparse parser: records the option strings ``add_argument`` gets and passes
+    the calls whose first option is in ``keep`` on to ``target``, their keywords changed by ``adjust``."""
+
+    def __init__(self, target: Any = None, keep: Optional[Set[str]] = None,
+                 adjust: Callable[[str, Dict[str, Any]], Dict[str, Any]] = lambda flag, kwargs: kwargs):
+        self.target, self.keep, self.adjust = target, set(keep or ()), adjust
+        self.options: List[str] = []
+        self._scratch = argparse.ArgumentParser(add_help=False)
+
+    def add_argument(self, *names: str, **kwargs: Any) -> Optional[argparse.Action]:
+        flags = [n for n in names if n.startswith("-")]
+        self.options += flags
+        if self.target is None or not flags or flags[0] not in self.keep:
+            return None
+        self.keep -= set(flags)  # fairseq keeps an option's first definition
+        return self.target.add_argument(*names, **self.adjust(flags[0], dict(kwargs)))
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> "_Recorder":
+        return self
+
+    def __getattr__(self, name: str) -> Any:  # set_defaults and the like: no effect on the listing
+        return getattr(self._scratch, name)
+
+
+def options_of(add_args: Callable[[Any], None]) -> List[str]:
+    """The option strings ``add_args(parser)`` adds, in order."""
+    recorder = _Recorder()
+    add_args(recorder)
+    return recorder.options
+
+
+def components(package: str = __package__ or "fairseq_insertion") -> List[Component]:
+    """Every class the package registers with fairseq (importing the package registers them), in the
+    order fairseq adds their options: model, task, then its other registries."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_REGISTRY
+
+    def ours(registry: Dict[str, type]) -> Iterator[Tuple[str, type]]:
+        return ((name, cls) for name, cls in registry.items() if cls.__module__.split(".")[0] == package)
+
+    found = [Component("model", [a for a, c in ARCH_MODEL_REGISTRY.items() if c is cls] or [name], cls)
+             for name, cls in ours(MODEL_REGISTRY)]
+    found += [Component("task", [name], cls) for name, cls in ours(TASK_REGISTRY)]
+    for kind, registry in REGISTRIES.items():
+        found += [Component(kind, [name], cls) for name, cls in ours(registry["registry"])]
+    return found
+
+
+def fairseq_base(cls: type, package: str = __package__ or "fairseq_insertion") -> Optional[type]:
+    """The nearest class ``cls`` extends that is not the package's own."""
+    return next((b for b in cls.__mro__[1:] if b.__module__.split(".")[0] != package and hasattr(b, "add_args")),
+                None)
+
+
+def fairseq_options() -> Set[str]:
+    """The options fairseq's train, generate and interactive parsers have before any task, model or
+    criterion adds its own."""
+    from fairseq import options
+
+    parsers = (options.get_training_parser(), options.get_generation_parser(),
+               options.get_interactive_generation_parser())
+    return {s for p in parsers for a in p._actions for s in a.option_strings}
+
+
+def architecture_defaults(architectures: Sequence[str]) -> Callable[[str, Dict[str, Any]], Dict[str, Any]]:
+    """An ``adjust`` for model options, which have no argparse default: the default each architecture
+    sets, one value when they agree."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    configured = []
+    for arch in architectures:
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](args)
+        configured.append((arch, args))
+
+    def adjust(flag: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        dest = kwargs.get("dest") or flag.lstrip("-").replace("-", "_")
+        values = [(arch, getattr(args, dest, None)) for arch, args in configured]
+        if all(v is None for _, v in values):
+            return kwargs
+        if len({repr(v) for _, v in values}) == 1:
+            return {**kwargs, "default": values[0][1]}
+        by_arch = ", ".join(f"{arch} {v}" for arch, v in values)
+        return {**kwargs, "help": f"{kwargs.get('help') or ''} (default by architecture: {by_arch})"}
+
+    return adjust
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help with each option's default, when it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if all(action.default is not v for v in (None, False, argparse.SUPPRESS)) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser whose help lists the plugin's options, one group per component."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_insertion", usage="%(prog)s [-h]", formatter_class=_Formatter,
+        description="The options fairseq_insertion adds to fairseq's commands (with --user-dir "
+                    "fairseq_insertion), grouped by the commands they apply to; fairseq's own options are in "
+                    "each command's --help.")
+    known = fairseq_options()
+    groups = []
+    for comp in components():
+        base = fairseq_base(comp.cls)
+        inherited = set(options_of(base.add_args)) if base is not None else set()
+        added = [o for o in options_of(comp.cls.add_args) if o not in inherited and o not in known]
+        if not added:
+            continue
+        known |= set(added)
+        flag = "--arch" if comp.kind == "model" else f"--{comp.kind.replace('_', '-')}"
+        where, note = APPLIES.get(comp.kind, (f"every command that takes {flag}", None))
+        title = f"{where}: {comp.kind} options ({flag} {', '.join(comp.names)})"
+        groups.append((where, title, note, comp, added))
+    groups.sort(key=lambda g: next((i for i, w in enumerate(ORDER) if g[0].startswith(w)), len(ORDER)))
+    for _, title, note, comp, added in groups:
+        adjust = architecture_defaults(comp.names) if comp.kind == "model" else (lambda flag, kwargs: kwargs)
+        comp.cls.add_args(_Recorder(parser.add_argument_group(title, note), set(added), adjust))
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    parser.parse_args(argv)  # --help prints the listing and exits
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
