@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional, Tuple
 
-SPECIALS = 4  # fairseq's Dictionary: <s>, <pad>, </s>, <unk> before the file's entries
-
 
 def missing_input(paths: Iterable[Tuple[str, Path]]) -> Optional[str]:
     """The error for the first (option, path) whose path does not exist, or None."""
@@ -21,30 +19,31 @@ class CheckError(ValueError):
     """Given files that do not fit the prepared data; the message names the file and the mismatch."""
 
 
-def compare_dictionaries(expected: Path, given: Path) -> None:
-    """``given`` must hold the same entries as ``expected`` (the prepared data's dictionary)."""
-    if not given.is_file():
-        raise CheckError(f"{given}: no such file (a fairseq-preprocess dictionary is expected)")
-    want, got = expected.read_text(encoding="utf-8").splitlines(), given.read_text(encoding="utf-8").splitlines()
-    for i, (a, b) in enumerate(zip(want, got), start=1):
-        if a != b:
-            raise CheckError(f"{given} differs from {expected} at line {i}: {b!r} instead of {a!r}")
-    if len(want) != len(got):
-        raise CheckError(f"{given} has {len(got)} entries, {expected} has {len(want)}")
+def _fit_dictionaries(data_bin: Path, name: str, **given) -> None:
+    """The package's dictionary check (fairseq_insertion.checkpoints.check_dictionaries) against the
+    prepared data's ``dict.src.txt``/``dict.tgt.txt``, its errors as CheckError."""
+    from fairseq_insertion.checkpoints import check_dictionaries
+
+    try:
+        check_dictionaries(_dictionary_files(data_bin), name, **given)
+    except (ValueError, FileNotFoundError) as e:
+        raise CheckError(str(e)) from None
+
+
+def _dictionary_files(data_bin: Path):
+    """fairseq_insertion.checkpoints.DictionaryFiles of a data-bin directory (languages src, tgt)."""
+    from fairseq_insertion.checkpoints import DictionaryFiles
+
+    return DictionaryFiles(str(data_bin / "dict.src.txt"), str(data_bin / "dict.tgt.txt"))
 
 
 def check_distilled(data_bin: Path, distilled: Path) -> None:
     """A distilled data-bin directory must share the prepared data's dictionaries and hold a training set."""
-    for side in ("src", "tgt"):
-        compare_dictionaries(data_bin / f"dict.{side}.txt", distilled / f"dict.{side}.txt")
+    _fit_dictionaries(data_bin, str(distilled), trained_with=_dictionary_files(distilled))
     missing = [f"train.src-tgt.{side}.bin" for side in ("src", "tgt")
                if not (distilled / f"train.src-tgt.{side}.bin").is_file()]
     if missing:
         raise CheckError(f"{distilled}: no {', '.join(missing)} (the distilled, binarised training set)")
-
-
-def dictionary_size(path: Path) -> int:
-    return SPECIALS + len(path.read_text(encoding="utf-8").splitlines())
 
 
 def check_teacher(teacher: Path, data_bin: Path) -> None:
@@ -56,12 +55,4 @@ def check_teacher(teacher: Path, data_bin: Path) -> None:
     if not teacher.is_file():
         raise CheckError(f"{teacher}: no such checkpoint")
     state = torch.load(teacher, map_location="cpu", weights_only=True)
-    model = state.get("model") or {}
-    for side, prefix in (("src", "encoder"), ("tgt", "decoder")):
-        key = f"{prefix}.embed_tokens.weight"
-        if key not in model:
-            raise CheckError(f"{teacher}: no {key} (a fairseq transformer checkpoint is expected)")
-        rows, entries = model[key].shape[0], dictionary_size(data_bin / f"dict.{side}.txt")
-        if rows != entries:
-            raise CheckError(f"{teacher}: {key} has {rows} rows, but {data_bin / f'dict.{side}.txt'} gives "
-                             f"{entries} entries ({SPECIALS} special symbols + its lines)")
+    _fit_dictionaries(data_bin, str(teacher), weights=state.get("model") or {})

@@ -3,10 +3,10 @@ fairseq ``--user-dir`` plugin.
 
 Importing the package registers the ``insertion_transformer`` model and
 architectures, the ``insertion_loss`` criterion and the
-``insertion_translation`` task, makes ``InsertionTransformerModel.from_pretrained``
-return the constraint-aware :class:`~fairseq_insertion.hub.InsertionHubInterface`,
-and allows fairseq checkpoints to load under
+``insertion_translation`` task, and allows fairseq checkpoints to load under
 torch's safe loader (``weights_only=True``).
+``InsertionTransformerModel.from_pretrained`` (and :func:`fairseq_insertion.hub.from_pretrained`)
+return the constraint-aware :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`.
 """
 
 import argparse
@@ -17,7 +17,7 @@ import torch
 # model args); allow exactly that instead of disabling the safe loader
 torch.serialization.add_safe_globals([argparse.Namespace])
 
-# registration side effects; hub sets InsertionTransformerModel.hub_interface (model.py does not import hub)
+# registration side effects (model, criterion, task); hub: fairseq_insertion.hub.from_pretrained
 from . import criterion, hub, model, task  # noqa: E402,F401
 
 __all__ = ["criterion", "hub", "model", "task"]

@@ -11,17 +11,19 @@ to the decoder:
 
 Content-location distribution: factorized, ``p(c, l) = p(l) p(c | l)`` with
 ``p(l) = softmax(H q)`` and ``p(c | l) = softmax(h_l W)``.
+
+Decoding runs the decoder through :mod:`fairseq_insertion.fast_decoder` (the
+cached inference path); warm start and the checkpoint and dictionary checks are
+in :mod:`fairseq_insertion.checkpoints`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Type
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
-from fairseq import checkpoint_utils, hub_utils
+from fairseq import hub_utils
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_INV_REGISTRY,
@@ -35,6 +37,11 @@ from fairseq.models import (
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from torch import Tensor, nn
+
+from .canvas import TERMINATIONS
+from .checkpoints import WARM_START_SLOTS, DictionaryFiles, check_dictionaries, dictionary_files
+from .fast_decoder import EncoderCache, cached_slot_states, encoder_cache
+from .hub_interface import InsertionHubInterface
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +74,6 @@ _replace_fairseq_registration(MODEL_NAME)
 
 
 CONTENT_LOCATION = ("factorized", "joint")
-WARM_START_SLOTS = ("left", "random")
 
 
 class SlotHead(nn.Module):
@@ -153,24 +159,6 @@ class SlotHead(nn.Module):
         return content, location
 
 
-class EncoderCache(NamedTuple):
-    """What every decoding pass reuses of a batch's source side (one entry per sentence).
-
-    Either the encoder-attention keys and values of every decoder layer,
-    computed once (``keys``/``values``: per layer (B, heads, S_src, head dim);
-    ``padding_mask``: (B, S_src) True at source padding; ``positions``: the
-    decoder's position embeddings of a canvas without padding, (1, max target
-    positions, C)), or, for decoder layers this fast path does not cover,
-    fairseq's ``encoder_out``.
-    """
-
-    encoder_out: Optional[Dict[str, List[Tensor]]]
-    keys: List[Tensor]
-    values: List[Tensor]
-    padding_mask: Optional[Tensor]
-    positions: Optional[Tensor] = None
-
-
 class InsertionDecoder(TransformerDecoderBase):
     """Non-causal Transformer decoder over a framed canvas, emitting slot scores.
 
@@ -186,73 +174,15 @@ class InsertionDecoder(TransformerDecoderBase):
         self.head: Optional[SlotHead] = None
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
-        """Framed canvas (B, T+2) -> slot states H (B, T+1, C)."""
+        """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
+        :func:`~fairseq_insertion.fast_decoder.cached_slot_states`)."""
         x, _ = self.extract_features(prev_output_tokens, encoder_out, full_context_alignment=True)  # (B, T+2, C)
+        return self.pair_slots(x)
+
+    def pair_slots(self, x: Tensor) -> Tensor:
+        """Final decoder states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C):
+        each adjacent pair, concatenated and projected."""
         return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (B, T+1, C)
-
-    # ------------------------------------------------------------ decoding
-    def _cacheable(self) -> bool:
-        """Whether :meth:`cached_slot_states` covers these layers (plain pre- or post-norm
-        layers with encoder attention; not NormFormer, cross-self-attention, bias_kv, or
-        attention dropout kept at inference)."""
-        def plain(attn) -> bool:
-            return (attn is not None and attn.bias_k is None and not attn.add_zero_attn
-                    and not attn.dropout_module.apply_during_inference)
-
-        return not self.training and not self.cross_self_attention and all(
-            plain(layer.self_attn) and plain(layer.encoder_attn) and not layer.cross_self_attention
-            and layer.c_attn is None and layer.attn_ln is None and layer.ffn_layernorm is None
-            and layer.w_resid is None
-            for layer in self.layers
-        )
-
-    def encoder_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
-        """Project the encoder output to every layer's encoder-attention keys and values once."""
-        if not self._cacheable():
-            return EncoderCache(encoder_out, [], [], None)
-        enc = encoder_out["encoder_out"][0]  # (S_src, B, C)
-        mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        S_src, B, _ = enc.shape
-        keys, values = [], []
-        for layer in self.layers:
-            attn = layer.encoder_attn
-            for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
-                x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
-                out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
-        positions = None
-        if self.embed_positions is not None:  # fairseq's make_positions numbers the real tokens 1, 2, ...
-            positions = self.embed_positions(enc.new_full((1, self.max_positions()), self.dictionary.bos(),
-                                                          dtype=torch.long))  # (1, P, C)
-        return EncoderCache(None, keys, values, mask, positions)
-
-    def cached_slot_states(self, framed: Tensor, cache: EncoderCache) -> Tensor:
-        """:meth:`slot_states` in inference, reusing the encoder-attention keys and values
-        of ``cache``. framed: (A, T+2) -> slot states (A, T+1, C)."""
-        if cache.encoder_out is not None:
-            return self.slot_states(framed, cache.encoder_out)
-        x = self.embed_scale * self.embed_tokens(framed)  # (A, T+2, C), as in extract_features
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if cache.positions is not None:  # canvases are right-padded: a prefix of the table, zero at padding
-            positions = cache.positions[:, : framed.size(1)]  # (1, T+2, C)
-            x = x + (positions if framed.size(0) == 1 else positions * framed.ne(self.padding_idx).unsqueeze(-1))
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)  # (T+2, A, C)
-        # a single canvas has no padding (the generator trims the batch to its longest canvas);
-        # fairseq's extract_features passes no mask then either
-        keep = framed.ne(self.padding_idx)[:, None, None, :] if framed.size(0) > 1 else None  # (A, 1, 1, T+2)
-        src_keep = None if cache.padding_mask is None else ~cache.padding_mask[:, None, None, :]  # (A, 1, 1, S_src)
-        for layer, k, v in zip(self.layers, cache.keys, cache.values):
-            x = _cached_layer(layer, x, keep, k, v, src_keep)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (A, T+1, C)
 
     def forward(  # type: ignore[override]
         self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs
@@ -266,43 +196,20 @@ class InsertionDecoder(TransformerDecoderBase):
         return self.head(H, prev_output_tokens[:, 1:].ne(self.padding_idx), self.output_layer)
 
 
-def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor,
-                  src_keep: Optional[Tensor]) -> Tensor:
-    """One fairseq decoder layer in inference (full self-attention over the canvas), with
-    the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d)."""
-    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: _attention(layer.self_attn, h, h, keep))
-    x = _residual(layer, layer.encoder_attn_layer_norm, x,
-                  lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep))
-    return _residual(layer, layer.final_layer_norm, x,
-                     lambda h: layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))))
-
-
-def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum."""
-    y = sublayer(norm(x) if layer.normalize_before else x)
-    x = layer.residual_connection(layer.dropout_module(y), x)
-    return x if layer.normalize_before else norm(x)
-
-
-def _attention(attn, x: Tensor, kv, keep: Optional[Tensor]) -> Tensor:
-    """A fairseq ``MultiheadAttention`` in inference, as one scaled_dot_product_attention call.
-
-    x: (T, A, C) queries; kv: the canvas itself (T, A, C) for self-attention, or the cached
-    encoder keys and values, each (A, heads, S_src, d); keep: (A, 1, 1, S) True where
-    attending is allowed (None: everywhere)."""
-    T, A, C = x.shape
-
-    def heads(y: Tensor) -> Tensor:  # (L, A, C) -> (A, heads, L, d)
-        return y.view(y.size(0), A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
-
-    k, v = (heads(attn.k_proj(kv)), heads(attn.v_proj(kv))) if torch.is_tensor(kv) else kv
-    x = F.scaled_dot_product_attention(heads(attn.q_proj(x)), k, v, attn_mask=keep, scale=attn.scaling)
-    return attn.out_proj(x.permute(2, 0, 1, 3).reshape(T, A, C))
-
-
 @register_model(MODEL_NAME)
 class InsertionTransformerModel(TransformerModel):
     """Encoder-decoder Insertion Transformer (Stern et al., 2019)."""
+
+    termination: str = "slot"
+    """The termination the model was trained with, ``slot`` or ``sequence``: how the generator
+    stops a sentence. Set by :meth:`build_model` from the model's args (``args.termination``:
+    fairseq-train's ``--termination``, which fairseq keeps in the one args namespace a
+    checkpoint saves; the architectures default it to ``slot``)."""
+
+    dictionary_files: Optional[DictionaryFiles] = None
+    """The files of the dictionaries the model was built with (its task's data directory), which
+    :meth:`load_state_dict` names when a checkpoint does not fit them; None where the task has
+    none. Set by :meth:`build_model`."""
 
     @classmethod
     def add_args(cls, parser):
@@ -336,25 +243,22 @@ class InsertionTransformerModel(TransformerModel):
         dec = model.decoder
         dec.head = SlotHead(dec.output_embed_dim, len(task.target_dictionary), args.content_location,
                             bool(args.context_bias), args.mixture_components)
-        # the training termination decides how the generator stops; the saved
-        # model args carry the criterion's options (fairseq keeps one namespace)
-        model.termination = getattr(args, "termination", "slot")
+        termination = str(args.termination)
+        if termination not in TERMINATIONS:
+            raise ValueError(f"--termination must be one of {TERMINATIONS}, got {termination!r}")
+        model.termination = termination
+        model.dictionary_files = dictionary_files(getattr(task, "cfg", None))
         return model
-
-    # the class from_pretrained returns; fairseq_insertion.hub sets its InsertionHubInterface here when imported
-    # (the package imports it), so that this module need not import the hub
-    hub_interface: Type[hub_utils.GeneratorHubInterface] = hub_utils.GeneratorHubInterface
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                        **kwargs) -> hub_utils.GeneratorHubInterface:
-        """fairseq's hub loader, returning a :attr:`hub_interface`: the
-        :class:`~fairseq_insertion.hub.InsertionHubInterface`, on which
-        ``translate(src, constraints=[...])`` works."""
+                        **kwargs) -> InsertionHubInterface:
+        """fairseq's hub loader, returning an :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`,
+        on which ``translate(src, constraints=[...])`` works."""
         x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
                                       archive_map=cls.hub_models(), **kwargs)
         logger.info(x["args"])
-        return cls.hub_interface(x["args"], x["task"], x["models"])
+        return InsertionHubInterface(x["args"], x["task"], x["models"])
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, canvases_per_sentence: int = 1,
                 **kwargs):  # type: ignore[override]
@@ -379,16 +283,13 @@ class InsertionTransformerModel(TransformerModel):
 
     # decoding (fairseq_insertion.generator): the encoder runs once, every pass reuses its keys/values
     def decoding_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
-        return self.decoder.encoder_cache(encoder_out)
+        return encoder_cache(self.decoder, encoder_out)
 
     def reorder_decoding_cache(self, cache: EncoderCache, order: Tensor) -> EncoderCache:
         """Keep the sentences ``order`` (A,) of the cache, in that order."""
         if cache.encoder_out is not None:
             return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
-        mask = cache.padding_mask
-        return cache._replace(keys=[k.index_select(0, order) for k in cache.keys],
-                              values=[v.index_select(0, order) for v in cache.values],
-                              padding_mask=None if mask is None else mask.index_select(0, order))
+        return cache.select(order)
 
     def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor) -> Tuple[Tensor, Tensor]:
         """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
@@ -398,7 +299,7 @@ class InsertionTransformerModel(TransformerModel):
         over the vocabulary is p(c | l) (unnormalised: callers normalise only what they
         need), and log p(l) (A, S) in fp32, -inf at padding slots.
         """
-        H = self.decoder.cached_slot_states(framed, cache)  # (A, S, C)
+        H = cached_slot_states(self.decoder, framed, cache)  # (A, S, C)
         real = framed[:, 1:].ne(self.decoder.padding_idx)  # (A, S)
         content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
         return content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1)
@@ -407,169 +308,19 @@ class InsertionTransformerModel(TransformerModel):
         return self.decoder.max_positions()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse a checkpoint whose shapes differ from this model's, naming the
-        dictionaries when the embedding tables disagree (the usual cause: a data
-        directory other than the one the model was trained with)."""
+        """Refuse a checkpoint that does not fit this model: embedding tables that do not fit the
+        dictionaries (:func:`~fairseq_insertion.checkpoints.check_dictionaries`, naming
+        :attr:`dictionary_files`; the usual cause: a data directory other than the one the model was
+        trained with), or any other shape that differs."""
+        if self.dictionary_files is not None:
+            check_dictionaries(self.dictionary_files, "the checkpoint", weights=state_dict)
         own = self.state_dict()
         wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
                  if k in own and own[k].shape != v.shape]
         if wrong:
-            files = getattr(self, "dictionary_files", {})
             details = "; ".join(f"{k}: checkpoint {a}, model {b}" for k, a, b in wrong[:4])
-            hint = ""
-            if any("embed_tokens" in k or "output_projection" in k for k, _, _ in wrong):
-                hint = (f" The dictionaries ({', '.join(files.values()) or 'of the data directory'}) have "
-                        f"{len(self.encoder.dictionary)} source / {len(self.decoder.dictionary)} target entries, "
-                        "not the ones the checkpoint was trained with: use the data directory it was trained on.")
-            raise ValueError(f"checkpoint does not match the model ({details}).{hint}")
+            raise ValueError(f"checkpoint does not match the model ({details})")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
-
-
-# ----------------------------------------------------------------------------
-# Warm start from an autoregressive fairseq Transformer (--init-from-transformer)
-# ----------------------------------------------------------------------------
-def _restore_checkpoint(args: Any) -> Optional[str]:
-    """The checkpoint fairseq-train will restore after building the model, if one exists.
-
-    Mirrors ``fairseq.checkpoint_utils.load_checkpoint``: ``--restore-file`` (default
-    ``<save-dir>/checkpoint_last<suffix>.pt``).
-    """
-    restore, save_dir = getattr(args, "restore_file", None), getattr(args, "save_dir", None)
-    if restore is None or save_dir is None:
-        return None
-    if restore == "checkpoint_last.pt":
-        restore = os.path.join(save_dir, f"checkpoint_last{getattr(args, 'checkpoint_suffix', '') or ''}.pt")
-    return restore if os.path.exists(restore) else None
-
-
-def warm_start(model: "InsertionTransformerModel", args: Any) -> None:
-    """Apply ``--init-from-transformer`` to a freshly built model at the start of training.
-
-    Skipped when fairseq-train is about to restore a checkpoint (resuming): the
-    restored weights replace these anyway, and the teacher file is not needed.
-    Never called for a model loaded from a checkpoint (generate, interactive, hub).
-    """
-    path = getattr(args, "init_from_transformer", None)
-    if not path:
-        return
-    restored = _restore_checkpoint(args)
-    if restored is not None:
-        logger.info("--init-from-transformer %s not applied: resuming from %s", path, restored)
-        return
-    for other in ("finetune_from_model", "continue_once"):
-        if getattr(args, other, None):
-            raise ValueError(f"--init-from-transformer {path} and --{other.replace('_', '-')} "
-                             f"{getattr(args, other)} both set the initial weights; pass only one")
-    init_from_transformer(model, path, getattr(args, "warm_start_slots", None) or "left")
-
-
-def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
-    """A fairseq ``transformer`` checkpoint (model weights and ``cfg``), loaded with the safe
-    loader; errors name the command-line ``option`` that gave ``path``."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{option} {path}: no such file")
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    except Exception as e:  # unpickling, not a torch file, refused by the safe loader, ...
-        raise ValueError(f"{option} {path}: cannot be read as a fairseq checkpoint "
-                         f"({type(e).__name__}: {e})") from e
-    cfg = state.get("cfg") if isinstance(state, dict) else None
-    model_cfg = cfg.get("model") if cfg is not None else None
-    arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
-    if not isinstance(state.get("model"), dict) or arch is None:
-        raise ValueError(f"{option} {path}: not a fairseq model checkpoint (no model weights and architecture)")
-    name = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
-    if name != "transformer":
-        raise ValueError(f"{option} {path}: trained with --arch {arch} (model {name!r}), not "
-                         "fairseq's autoregressive transformer (--arch transformer or transformer_*)")
-    return state
-
-
-def _teacher_state(path: str) -> Dict[str, Tensor]:
-    """The model state dict of a fairseq ``transformer`` checkpoint, loaded with the safe loader."""
-    return transformer_checkpoint(path, "--init-from-transformer")["model"]
-
-
-def init_from_transformer(model: "InsertionTransformerModel", path: str,
-                          slots: str = "left") -> Dict[str, List[str]]:
-    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match.
-
-    Raises ``ValueError`` listing every tensor whose shape differs (typically:
-    another dictionary or other layer sizes). Tensors new in the insertion model
-    (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh
-    initialisation (but see ``slots``) and are named in one log line; teacher
-    tensors the insertion model lacks are named in a warning. Where the insertion model ties tensors
-    the teacher keeps separate (shared embeddings), the first name's value is
-    used and a warning says so. Returns the names: copied, new, unused.
-
-    slots: ``left`` starts the slot projection as [I | 0] (bias 0), so a slot's
-    state is its left neighbour's decoder state, and the location query at 0
-    (uniform p(l)): a slot's content scores are then the teacher's output layer
-    applied to its left neighbour's state, i.e. the teacher's prediction of the
-    token that follows it. ``random`` keeps the fresh initialisation.
-    """
-    if slots not in WARM_START_SLOTS:
-        raise ValueError(f"--warm-start-slots must be one of {WARM_START_SLOTS}, got {slots!r}")
-    theirs = _teacher_state(path)
-    own = model.state_dict(keep_vars=True)  # name -> the Parameter / buffer itself (tied: same object)
-    wrong = [(k, tuple(theirs[k].shape), tuple(v.shape)) for k, v in own.items()
-             if k in theirs and theirs[k].shape != v.shape]
-    if wrong:
-        details = "; ".join(f"{k}: teacher {a}, insertion model {b}" for k, a, b in wrong)
-        hint = ""
-        if any("embed_tokens" in k or "output_projection" in k for k, _, _ in wrong):
-            hint = (f" The data directory's dictionaries have {len(model.encoder.dictionary)} source / "
-                    f"{len(model.decoder.dictionary)} target entries: train the insertion model on the teacher's "
-                    "data directory.")
-        raise ValueError(f"--init-from-transformer {path}: {len(wrong)} tensor(s) differ in shape from the "
-                         f"insertion model's ({details}).{hint} Use the teacher's dictionary and sizes.")
-    copied: List[str] = []
-    new = [k for k in own if k not in theirs]
-    unused = [k for k in theirs if k not in own]
-    groups: Dict[int, List[str]] = {}  # tied tensors share one object
-    for k, v in own.items():
-        groups.setdefault(id(v), []).append(k)
-    n_params = 0
-    with torch.no_grad():
-        for names in groups.values():
-            sources = [k for k in names if k in theirs]
-            if not sources:
-                continue
-            target = own[sources[0]]
-            differ = [k for k in sources[1:] if not torch.equal(theirs[k], theirs[sources[0]])]
-            if differ:
-                logger.warning("--init-from-transformer: %s are one tensor in the insertion model but differ in the "
-                               "teacher; initialised from the teacher's %s", ", ".join(sources), sources[0])
-            target.copy_(theirs[sources[0]].to(dtype=target.dtype))
-            copied.extend(sources)
-            if isinstance(target, nn.Parameter):
-                n_params += target.numel()
-    if not any(isinstance(own[k], nn.Parameter) for k in copied):
-        raise ValueError(f"--init-from-transformer {path}: no parameter of the teacher matches the insertion "
-                         "model's by name")
-    if slots == "left":
-        _start_slots_at_left_neighbour(model)
-    logger.info("--init-from-transformer %s: copied %d tensors (%d parameters); new in the insertion model, "
-                "%s: %s", path, len(copied), n_params,
-                "slots started at the left neighbour (--warm-start-slots left)" if slots == "left"
-                else "freshly initialised", ", ".join(new) or "none")
-    if unused:
-        logger.warning("--init-from-transformer %s: teacher tensors the insertion model has no place for, not "
-                       "used: %s", path, ", ".join(unused))
-    return {"copied": copied, "new": new, "unused": unused}
-
-
-def _start_slots_at_left_neighbour(model: "InsertionTransformerModel") -> None:
-    """Slot state h_l = x_l, the left neighbour's state: slot projection [I | 0], bias 0;
-    uniform p(l): location query 0 (factorized variant)."""
-    proj, head = model.decoder.slot_proj, model.decoder.head
-    dim = proj.weight.size(0)  # weight: (C, 2C)
-    with torch.no_grad():
-        proj.weight.zero_()
-        proj.weight[:, :dim].copy_(torch.eye(dim, dtype=proj.weight.dtype))
-        proj.bias.zero_()
-        if head is not None and head.location_query is not None:
-            head.location_query.zero_()
 
 
 # ----------------------------------------------------------------------------
@@ -585,7 +336,7 @@ def _defaults(args, **values) -> None:
 def base_architecture(args) -> None:
     """The paper's transformer_base: 6+6 layers, 512, 8 heads, FFN 2048."""
     _defaults(args, share_decoder_input_output_embed=True, content_location="factorized", context_bias=False,
-              mixture_components=1)
+              mixture_components=1, termination="slot")
     transformer_base_architecture(args)
 
 

@@ -28,13 +28,15 @@ def write_dicts(directory: Path, words=WORDS) -> Path:
 def test_dictionaries_must_match_naming_the_file_and_the_line(tmp_path):
     data = write_dicts(tmp_path / "data-bin")
     same = write_dicts(tmp_path / "same")
-    checks.compare_dictionaries(data / "dict.src.txt", same / "dict.src.txt")
     other = write_dicts(tmp_path / "other", ["der 10", "die 9", "ein 8", "und 7"])
     with pytest.raises(checks.CheckError, match=r"other/dict.src.txt differs from .*data-bin/dict.src.txt at line 3"):
         checks.check_distilled(data, other)
     short = write_dicts(tmp_path / "short", WORDS[:3])
     with pytest.raises(checks.CheckError, match=r"short/dict.src.txt has 3 entries, .* has 4"):
         checks.check_distilled(data, short)
+    with pytest.raises(checks.CheckError, match=r"gone/dict.src.txt: no such file"):
+        checks.check_distilled(data, tmp_path / "gone")
+    # the same dictionaries pass: what is missing then is the training set
     with pytest.raises(checks.CheckError, match=r"same: no train.src-tgt.src.bin, train.src-tgt.tgt.bin"):
         checks.check_distilled(data, same)
 

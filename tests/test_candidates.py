@@ -8,6 +8,7 @@ import pytest
 import torch
 from fairseq.sequence_scorer import SequenceScorer
 
+from fairseq_insertion.checkpoints import dictionary_files
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.rerank import AutoregressiveScorer
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
@@ -57,6 +58,12 @@ def test_rerank_chooses_the_candidate_the_scorer_likes_best_in_one_call():
         assert cands[0]["tokens"].tolist() == [d.eos()]  # the shortest: the empty output of beta 0
 
 
+def load_scorer(teacher, task) -> AutoregressiveScorer:
+    """--rerank-with ``teacher`` for ``task``'s dictionaries."""
+    return AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu",
+                                     dictionaries=dictionary_files(task.cfg))
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = reverse_data(tmp_path_factory, "candidates", 300, 8, 12)
@@ -70,7 +77,7 @@ def test_transformer_score_equals_fairseqs_sequence_scorer(setup):
     task, _ = build_task(root / "bin")
     task.load_dataset("test")
     sample = next(iter(task.get_batch_iterator(task.dataset("test"), max_sentences=12).next_epoch_itr(shuffle=False)))
-    scorer = AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    scorer = load_scorer(teacher, task)
     pad = task.target_dictionary.pad()
     hyps = [t[t.ne(pad)] for t in sample["target"]]  # the references, each ending with eos
     ours = scorer.score(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], hyps)
@@ -99,17 +106,19 @@ def test_rerank_model_with_another_dictionary_is_refused_by_name(setup, tmp_path
     preprocess(other / "raw", other / "bin")  # the same 24 words, counted in another order
     teacher = train_teacher(other / "bin", other / "teacher", "--share-all-embeddings")
     task, _ = build_task(root / "bin")
-    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: it was trained with the source dictionary "
-                                         rf"{other / 'bin'}/dict.src.txt, which differs"):
-        AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: its source dictionary "
+                                         rf"{other / 'bin'}/dict.src.txt differs from {root / 'bin'}/dict.src.txt "
+                                         r"at line \d+"):
+        load_scorer(teacher, task)
     bigger = tmp_path_factory.mktemp("bigger")
     write_reverse_corpus(bigger / "raw", sizes=(("train", 200), ("valid", 16), ("test", 4)), vocab=30)
     preprocess(bigger / "raw", bigger / "bin")
     teacher = train_teacher(bigger / "bin", bigger / "teacher", "--share-all-embeddings")
     n = len(task.source_dictionary)
-    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: its source embedding table has (?!{n} )\d+ "
-                                         rf"entries, but the insertion model's source dictionary has {n}:"):
-        AutoregressiveScorer.load(str(teacher), task.source_dictionary, task.target_dictionary, "cpu")
+    with pytest.raises(ValueError, match=rf"--rerank-with {teacher}: encoder.embed_tokens.weight has (?!{n} )\d+ "
+                                         rf"rows, but the source dictionary {root / 'bin'}/dict.src.txt gives {n} "
+                                         "entries"):
+        load_scorer(teacher, task)
     with pytest.raises(ValueError, match="--eos-penalties takes comma-separated numbers"):
         run_task = build_task(root / "bin", "--eos-penalties", "0,x")[0]
         run_task.build_generator([], type("A", (), {})())

@@ -1,6 +1,7 @@
 """The package's modules import one another one way only, down this order:
-canvas <- model <- criterion, generator, rerank <- constraints <- task <- hub <- the
-package <- __main__ (the option listing); visualize (it reads fairseq-generate output) imports none of them. Checked
+canvas, precision, constraints <- fast_decoder, checkpoints, hub_interface <- model <-
+criterion, generator, rerank <- task <- hub <- the package <- __main__ (the option
+listing); visualize (it reads fairseq-generate output) imports none of them. Checked
 statically (importing a submodule runs the package's ``__init__``, which imports them
 all), imports inside functions included."""
 
@@ -10,8 +11,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["visualize", "canvas", "precision", "model", "criterion", "generator", "rerank", "constraints", "task",
-          "hub", "__init__", "__main__"]
+LAYERS = ["visualize", "canvas", "precision", "constraints", "fast_decoder", "checkpoints", "hub_interface", "model",
+          "criterion", "generator", "rerank", "task", "hub", "__init__", "__main__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:
@@ -80,8 +81,32 @@ def test_the_check_sees_upward_and_lazy_imports():
     assert sibling_imports("from fairseq.models import X\nfrom . import canvas as C\n", "model") == {"canvas"}
 
 
-def test_the_hub_is_what_from_pretrained_returns():
-    from fairseq_insertion.hub import InsertionHubInterface
+def assigned_attributes_of_siblings(source: str) -> Set[str]:
+    """``name.attr`` for every assignment in ``source`` to an attribute of a name imported from a sibling
+    module (``from .model import Model`` then ``Model.x = ...``)."""
+    tree = ast.parse(source)
+    imported = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+                for a in node.names}
+    targets = [t for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    return {f"{t.value.id}.{t.attr}" for t in targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in imported}
+
+
+def test_no_module_sets_another_modules_attributes():
+    found = {p.stem: assigned_attributes_of_siblings(p.read_text()) for p in sorted(PACKAGE.glob("*.py"))}
+    assert not {m: a for m, a in found.items() if a}
+    assert assigned_attributes_of_siblings("from .model import M\nM.hub = 1\n") == {"M.hub"}
+    assert assigned_attributes_of_siblings("from .model import M\nm = M()\nm.x = 1\n") == set()
+
+
+def test_from_pretrained_returns_the_insertion_hub_interface():
+    import inspect
+
+    from fairseq_insertion import hub, hub_interface
     from fairseq_insertion.model import InsertionTransformerModel
 
-    assert InsertionTransformerModel.hub_interface is InsertionHubInterface
+    assert hub.InsertionHubInterface is hub_interface.InsertionHubInterface
+    returns = inspect.signature(InsertionTransformerModel.from_pretrained).return_annotation
+    assert returns in ("InsertionHubInterface", hub_interface.InsertionHubInterface)
+    assert not hasattr(InsertionTransformerModel, "hub_interface")

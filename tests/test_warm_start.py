@@ -56,7 +56,7 @@ def build(data, tmp_path, *flags):
 
 
 def test_encoder_decoder_layers_and_embeddings_come_from_the_teacher(data, teacher, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="fairseq_insertion.model")
+    caplog.set_level(logging.INFO, logger="fairseq_insertion.checkpoints")
     model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", teacher,
                   "--warm-start-slots", "random")
     cold = build(data, tmp_path, "--share-all-embeddings")
@@ -119,7 +119,7 @@ def test_teacher_without_shared_embeddings(data, teacher, tmp_path, caplog):
         state["model"][k] = state["model"][k] + i
     path = tmp_path / "unshared.pt"
     torch.save(state, path)
-    caplog.set_level(logging.INFO, logger="fairseq_insertion.model")
+    caplog.set_level(logging.INFO, logger="fairseq_insertion.checkpoints")
     model = build(data, tmp_path, "--share-all-embeddings", "--init-from-transformer", path)
     assert torch.equal(model.encoder.embed_tokens.weight, state["model"]["encoder.embed_tokens.weight"])
     assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
@@ -146,8 +146,9 @@ def test_other_dictionary_is_refused_naming_the_embeddings(data, teacher, tmp_pa
     preprocess(tmp_path / "raw", tmp_path / "bin")
     task, args = build_task(tmp_path / "bin", "--save-dir", tmp_path / "ckpt", "--share-all-embeddings",
                             "--init-from-transformer", teacher)
-    with pytest.raises(ValueError, match=r"encoder.embed_tokens.weight: teacher \(\d+, 64\), insertion model "
-                                         r"\(\d+, 64\).*dictionaries have \d+ source / \d+ target entries"):
+    with pytest.raises(ValueError, match=rf"--init-from-transformer {teacher}: encoder.embed_tokens.weight has "
+                                         rf"\d+ rows, but the source dictionary {tmp_path}/bin/dict.src.txt gives "
+                                         r"\d+ entries"):
         task.build_model(args)
 
 
