@@ -240,8 +240,8 @@ class InsertionGenerator:
             self._report_too_long(sample, src_tokens, too_long, len0, max_len)
             init = _drop_rows(init, too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
-        step = choose_step(self.decoding, getattr(model, "termination", "slot"))
-        close_ended = self.close_ended_slots and getattr(model, "termination", "slot") == "slot"
+        step = choose_step(self.decoding, model.termination)
+        close_ended = self.close_ended_slots and model.termination == "slot"
         n = len(self.eos_penalties)  # candidates per sentence: row c of sentence b is b n + c
         beta = torch.tensor(self.eos_penalties, device=device).repeat(B)  # (B n,)
         if n > 1:
@@ -364,7 +364,7 @@ class InsertionGenerator:
         log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
         eos_joint = location.new_full((A, S), float("-inf")).masked_scatter(open_, eos_lp) + location  # (A, S)
         full = None
-        if self.decoding == "greedy" and getattr(model, "termination", "slot") == "sequence":
+        if self.decoding == "greedy" and model.termination == "sequence":
             full = content.new_full((A, S, content.size(-1)), float("-inf"))
             full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
             final_eos = eos_joint.max(1).values  # the end-of-sequence decision: its best (slot, eos)

@@ -16,9 +16,10 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
+from .checkpoints import dictionary_files, warm_start
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
-from .model import InsertionTransformerModel, warm_start
+from .model import InsertionTransformerModel
 from .precision import PRECISIONS, for_decoding
 from .rerank import AutoregressiveScorer
 
@@ -113,12 +114,8 @@ class InsertionTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint: bool = False):
         model = super().build_model(cfg, from_checkpoint)
-        model.dictionary_files = {
-            side: f"{self.cfg.data.split(':')[0]}/dict.{lang}.txt"
-            for side, lang in (("source", self.cfg.source_lang), ("target", self.cfg.target_lang))
-        }
         if not from_checkpoint:  # a trained checkpoint never needs --init-from-transformer's file again
-            warm_start(model, cfg)
+            warm_start(model, cfg, dictionary_files(self.cfg))
         return model
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
@@ -170,7 +167,8 @@ class InsertionTranslationTask(TranslationTask):
                                  "with --eos-penalties (e.g. 0,1,2,3,4)")
             device = next(models[0].parameters()).device if models else "cpu"
             rerank = AutoregressiveScorer.load(self.cfg.rerank_with, self.source_dictionary, self.target_dictionary,
-                                               device, lenpen=getattr(args, "lenpen", 1.0))
+                                               device, lenpen=getattr(args, "lenpen", 1.0),
+                                               dictionaries=dictionary_files(self.cfg))
             for_decoding(rerank.model, precision)
         max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
         return InsertionGenerator(
