@@ -32,14 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score import parse_generate_output, read_reference, remove_bpe, score  # noqa: E402
-
-PLUGIN = str(Path(__file__).resolve().parents[2] / "fairseq_insertion")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
+from examples.commands import generate_command  # noqa: E402
+from examples.commands import run as run_command
+from examples.generate_output import read_generate_output, read_reference, remove_bpe, score  # noqa: E402
 
 
 def bpe_words(line: str) -> list[str]:
@@ -104,13 +103,12 @@ def usage(constraints: list[list[str]], hypotheses: dict[int, str]) -> dict[str,
 
 
 def generate(data: Path, checkpoint: Path, out: Path, extra: list[str]) -> Path:
-    exe = Path(sys.executable).parent / "fairseq-generate"
-    cmd = [str(exe) if exe.exists() else "fairseq-generate", str(data / "data-bin"), "--user-dir", PLUGIN,
-           "--task", "insertion_translation", "--path", str(checkpoint), "--gen-subset", "test",
-           "--source-lang", "src", "--target-lang", "tgt", "--post-process", "subword_nmt", "--print-step", *extra]
-    print("+", " ".join(cmd), file=sys.stderr)
-    with open(out, "w", encoding="utf-8") as f:
-        subprocess.run(cmd, stdout=f, check=True)
+    """fairseq-generate on the test set, its output in ``out``; ``extra``: further arguments, whose
+    decoding flags (``--eos-penalty``, ``--decoding``, ``--batch-size``) override the defaults."""
+    cmd = generate_command(data / "data-bin", checkpoint, "insertion", batch_size=None,
+                           device="cpu" if "--cpu" in extra else "cuda",
+                           max_len_b=200, extra=["--source-lang", "src", "--target-lang", "tgt", *extra])
+    run_command(cmd, out.with_suffix(".log"), stdout=out)
     return out
 
 
@@ -122,7 +120,7 @@ def run(data: Path, checkpoint: Path, out: Path, lang: str, seed: int, max_n: in
     refs = read_reference(data / "raw" / "test.tgt")
     rows = {}
     for name, flags in (("none", []), ("1-2 reference n-grams", ["--constraints-file", str(cfile)])):
-        gen = parse_generate_output(generate(data, checkpoint, out / f"{name.split()[0]}.out", [*flags, *extra]))
+        gen = read_generate_output(generate(data, checkpoint, out / f"{name.split()[0]}.out", [*flags, *extra]))
         rows[name] = {**score(gen, refs, lang), **usage(constraints, gen.hypotheses)}
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     return rows
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         write_constraints(args.out, draw(read_reference(args.data / "tok" / "test.tgt"), args.seed, args.max_n))
     elif args.command == "usage":
         print(json.dumps(usage(read_constraints(args.constraints),
-                               parse_generate_output(args.generate_output).hypotheses), indent=2))
+                               read_generate_output(args.generate_output).hypotheses), indent=2))
     else:  # further arguments go to fairseq-generate (e.g. --eos-penalty 2 --batch-size 128 --cpu)
         print(table(run(args.data, args.checkpoint, args.out, args.lang, args.seed, args.max_n, extra)))
     return 0
