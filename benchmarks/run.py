@@ -1,186 +1,484 @@
-"""Side-by-side benchmark on Multi30k en-de: this plugin against fairseq's autoregressive
-``transformer`` and fairseq's built-in NAT ``insertion_transformer``, all trained on the
-same data, at the same size, for the same number of updates, in one run. From the
-repository root:
+"""Benchmark: the plugin side by side with fairseq's Transformer and its NAT insertion model.
 
-    python -m benchmarks.run --out bench --raw-dir ../shared/data/multi30k            # full mode
-    python -m benchmarks.run --out bench-quick --raw-dir ../shared/data/multi30k --quick
-    python -m benchmarks.run --out bench --render     # ratios, targets and table again from the JSON
-    python -m benchmarks.run --out bench --time-only --repeat 5   # re-time bench's checkpoints, no training
-    python -m benchmarks.run --out bench --teacher AR.pt --distilled DISTILLED_BIN   # reuse both
+From the repository root:
 
-Writes ``OUT/results.json`` (after every finished step), ``OUT/results.md`` (the table) and
-``OUT/iterations.png``. A run into the same OUT resumes: finished trainings and the
-distillation are reused, and with ``--systems`` the rows of the other systems are kept; each
-row names the machine that produced it (``machine``, and ``timing_machine`` after
-``--time-only``), so a run can go on on another machine. Every figure comes from a fairseq
-command recorded next to it:
+    python -m benchmarks.run --out OUT --raw-dir RAW                   # full mode
+    python -m benchmarks.run --out OUT --raw-dir RAW --quick           # a tiny model: proves the pipeline
+    python -m benchmarks.run --out OUT --render                        # ratios, targets and table from the JSON
+    python -m benchmarks.run --out OUT --teacher AR.pt --distilled DISTILLED_BIN   # reuse a teacher + its data
 
-* BLEU: detokenised sacreBLEU on test_2016_flickr (``examples/multi30k/score.py``), with the
-  EOS penalty chosen on valid for the insertion and NAT systems (``--betas``).
-* decode seconds: fairseq-generate's own generation time ("Translated N sentences ... in"),
-  which excludes start-up and model loading, for the whole test set at batch 128 and for its
-  first ``--batch1-sentences`` sentences at batch 1. These timing runs run one at a time, with
-  nothing else on the machine; training and the EOS sweeps may run ``--jobs`` at a time.
-* training target tokens/s: from fairseq's own per-epoch summaries (wpb x updates / time).
-  With ``--jobs`` > 1 trainings share the machine, so only the timings of the decode runs
-  are clean; run with ``--jobs 1`` for clean training speed.
-
-The systems are listed in ``benchmarks/systems.py``, the performance targets in
-``benchmarks/targets.json``.
+Every system is trained and decoded on the same prepared Multi30k en->de data, at the same size and
+for the same updates, raw and teacher-distilled. The phases run in order (trainings on the raw data,
+the distillation, trainings on the distilled data, EOS sweeps on valid: ``--jobs`` steps at a time;
+then the timed decodes, one at a time); each step writes its output file in OUT and a step whose file
+is there is not run again. Writes ``OUT/results.json``, ``OUT/results.md`` and ``OUT/iterations.png``
+(``benchmarks/README.md`` says what they hold).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import json
+import os
 import shlex
+import statistics
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from examples.commands import Size, default_device, train_command
+from examples.generate_output import read_reference
 from examples.multi30k import recipe as R
 from examples.multi30k.prepare import prepare
+from examples.steps import choose_eos_penalty, plot_iterations, run_info
 
-from . import cli, plan, report
 from .checks import CheckError, check_distilled, check_teacher
-from .jobs import Setup, probe_label_tau
-from .machine import machine_info, versions
-from .retime import time_only
-from .schedule import Ledger, run_alone, run_shared
-from .systems import System, Training, select
+
+# ---------------------------------------------------------------- what is compared
+# training run: model, recipe.train keyword arguments, further fairseq-train flags, warm start from the teacher
+RUNS: dict[str, tuple[str, dict, tuple[str, ...], bool]] = {
+    "ar": ("transformer", {}, (), False),
+    "nat": ("fairseq_nat", {}, (), False),
+    "binary_tree": ("insertion", {"order": "binary_tree"}, (), False),
+    "uniform": ("insertion", {"order": "uniform"}, (), False),
+    # the paper trains left-to-right with sequence finalization (end-of-sequence in the last slot)
+    "left_to_right": ("insertion", {"order": "left_to_right", "termination": "sequence"}, (), False),
+}
+# system: training run, decoding keyword arguments, EOS penalty swept on valid
+SYSTEMS: dict[str, tuple[str, dict, bool]] = {
+    "ar_greedy": ("ar", {"beam": 1}, False),
+    "ar_beam5": ("ar", {"beam": 5}, False),
+    "fairseq_nat_insertion": ("nat", {}, True),
+    "insertion_binary_tree_parallel": ("binary_tree", {"decoding": "parallel"}, True),
+    "insertion_binary_tree_greedy": ("binary_tree", {"decoding": "greedy"}, True),
+    "insertion_uniform_parallel": ("uniform", {"decoding": "parallel"}, True),
+    "insertion_left_to_right_greedy": ("left_to_right", {"decoding": "greedy"}, True),
+}
+# --extras (timed at batch 128 only): a warm start from the teacher, two canvases per sentence, and the
+# candidates (EOS penalties 0-4 in one batch) chosen by the model's own score or by the teacher (rerank)
+EXTRA_RUNS = {"binary_tree_distilled_warm_start": ("insertion", {"order": "binary_tree"}, (), True),
+              "binary_tree_distilled_k2": ("insertion", {"order": "binary_tree"}, ("--canvases-per-sentence", "2"),
+                                           False)}
+CANDIDATES = {"decoding": "parallel", "eos_penalties": (0.0, 1.0, 2.0, 3.0, 4.0)}
+EXTRA_SYSTEMS = {
+    "insertion_binary_tree_parallel_distilled_warm_start": (
+        "binary_tree_distilled_warm_start", {"decoding": "parallel"}, True),
+    "insertion_binary_tree_parallel_distilled_k2": ("binary_tree_distilled_k2", {"decoding": "parallel"}, True),
+    "insertion_binary_tree_parallel_distilled_candidates": ("binary_tree_distilled", CANDIDATES, False),
+    "insertion_binary_tree_parallel_distilled_rerank": ("binary_tree_distilled", CANDIDATES, False),
+}
+ALL_RUNS = {**{n + s: v for s in ("", "_distilled") for n, v in RUNS.items()}, **EXTRA_RUNS}
+ALL_SYSTEMS: dict[str, tuple[str, dict, bool]] = {
+    **{n + s: (r + s, d, w) for s in ("", "_distilled") for n, (r, d, w) in SYSTEMS.items()},
+               **EXTRA_SYSTEMS}
+
+def on_distilled(run: str) -> bool:
+    return run.endswith("_distilled") or run in EXTRA_RUNS
 
 
-@dataclass
-class ResultsFile:
-    """``OUT/results.json`` and ``OUT/results.md``, rewritten after every finished step."""
+# target: metric, compute (ratio a / b, inverse_ratio b / a, difference a - b), a and b as (system, row key)
+# (a system with '*' is the best-by-key row of the systems it matches), goal (a number, {device: number},
+# None: reported), direction, note
+TARGETS = [
+    ("training target tokens/s, plugin / AR transformer", "ratio",
+     ("insertion_binary_tree_parallel", "train_target_tokens_per_s"), ("ar_greedy", "train_target_tokens_per_s"),
+     None, "", ""),
+    ("training target tokens/s, plugin / fairseq built-in insertion_transformer", "ratio",
+     ("insertion_binary_tree_parallel", "train_target_tokens_per_s"),
+     ("fairseq_nat_insertion", "train_target_tokens_per_s"), None, "", ""),
+    ("decode time at batch 1, plugin parallel / AR greedy (distilled)", "ratio",
+     ("insertion_binary_tree_parallel_distilled", "decode_seconds_batch1"),
+     ("ar_greedy_distilled", "decode_seconds_batch1"), {"cpu": 0.5, "cuda": 0.35}, "<=", ""),
+    ("decode throughput at batch 128, plugin parallel / AR greedy (distilled)", "inverse_ratio",
+     ("insertion_binary_tree_parallel_distilled", "decode_seconds_batch128"),
+     ("ar_greedy_distilled", "decode_seconds_batch128"), {"cpu": 1.0, "cuda": 2.0}, ">=", ""),
+    ("decode throughput at batch 128, plugin parallel / fairseq built-in insertion_transformer (distilled)",
+     "inverse_ratio", ("insertion_binary_tree_parallel_distilled", "decode_seconds_batch128"),
+     ("fairseq_nat_insertion_distilled", "decode_seconds_batch128"), 1.5, ">=", ""),
+    ("test BLEU, best plugin parallel system ({a}) / AR greedy", "ratio", ("insertion_*parallel*", "bleu"),
+     ("ar_greedy", "bleu"), 0.8, ">=", ""),
+    ("test BLEU, best reranked plugin system ({a}) / AR greedy", "ratio", ("insertion_*rerank*", "bleu"),
+     ("ar_greedy", "bleu"), 0.95, ">=", ""),
+    ("mean parallel iterations - mean floor(log2 n)+1 (binary tree, distilled)", "difference",
+     ("insertion_binary_tree_parallel_distilled", "mean_iterations"),
+     ("insertion_binary_tree_parallel_distilled", "mean_log2_bound"), 1.0, "<=", ""),
+    ("test BLEU, warm start from the teacher / cold start (binary tree parallel, distilled, same updates)", "ratio",
+     ("insertion_binary_tree_parallel_distilled_warm_start", "bleu"),
+     ("insertion_binary_tree_parallel_distilled", "bleu"), None, "", "--extras"),
+]
+# flag: (full mode, --quick) default
+DEFAULTS = {"layers": (3, 2), "dim": (256, 64), "heads": (4, 4), "ffn": (1024, 256), "updates": (1800, 30),
+            "max_tokens": (4096, 1024), "betas": ([float(b) for b in range(8)], [0.0]), "max_len_a": (1.2, 0.0),
+            "max_len_b": (10, 20), "bpe_merges": (8000, 1000), "train_lines": (None, 2000),
+            "test_lines": (None, 48), "batch1_sentences": (None, 16)}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The run's settings, fixed once the arguments are read."""
 
     out: Path
-    results: dict
-    ledger: Ledger
-    systems: dict[str, System]
-    started: float
-    earlier: dict = field(default_factory=dict)  # an earlier run's results (rows this one does not redo)
+    data: Path
+    device: str
+    size: Size
+    updates: int
+    max_tokens: int
+    betas: tuple[float, ...]
+    max_len_a: float
+    max_len_b: int
+    batch1: int  # batch-1 timing on the first ``batch1`` test sentences
+    tau: float = 1.0
+    jobs: int = 1
+    repeat: int = 1
+    teacher: Path | None = None  # --teacher instead of OUT/ar's
+    distilled: Path | None = None  # --distilled instead of OUT/data-bin-distilled
+
+    @property
+    def teacher_checkpoint(self) -> Path:
+        return self.teacher or self.out / "ar" / "checkpoint_last.pt"
+
+    @property
+    def distilled_bin(self) -> Path:
+        return self.distilled or self.out / "data-bin-distilled"
+
+    def decode_args(self) -> dict:
+        return {"max_len_a": self.max_len_a, "max_len_b": self.max_len_b, "device": self.device}
+
+
+# ------------------------------------------------------------------------- steps
+def cached(path: Path, step: Callable[[], dict]) -> dict:
+    """A finished step's output file: read when present, else ``step()`` written to it."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def train(setup: Setup, name: str) -> dict:
+    model, options, flags, warm = ALL_RUNS[name]
+    save = setup.out / name
+    for stale in save.glob("checkpoint*.pt"):  # fairseq would resume from an unfinished run's checkpoint
+        stale.unlink()
+    options = {**options, **({"tau": setup.tau} if options.get("order") == "binary_tree" else {})}
+    extra = [*flags, *(["--init-from-transformer", str(setup.teacher_checkpoint)] if warm else [])]
+    data = setup.distilled_bin if on_distilled(name) else R.data_bin(setup.data)
+    return R.train(data, save, model=model, size=setup.size, updates=setup.updates, device=setup.device,
+                   max_tokens=setup.max_tokens, extra=extra, **options)
+
+
+def sweep(setup: Setup, system: str) -> dict:
+    run, decoding, _ = ALL_SYSTEMS[system]
+
+    def bleu(beta: float) -> float:
+        out = setup.out / "decode" / system / f"valid.beta{beta:g}.out"
+        return R.decode(setup.data, setup.out / run / "checkpoint_last.pt", ALL_RUNS[run][0], out, subset="valid",
+                        eos_penalty=beta, batch_size=128, **setup.decode_args(), **decoding)["bleu"]
+
+    best, by_beta = choose_eos_penalty(setup.betas, bleu)
+    return {"eos_penalty": best, "valid_bleu_by_eos_penalty": by_beta}
+
+
+def timed_decode(setup: Setup, system: str, batch: int, beta: float) -> dict:
+    """The test set at ``batch`` (its first ``setup.batch1`` sentences at batch 1), ``setup.repeat``
+    times: BLEU and iterations, and the median of fairseq's generation seconds."""
+    run, decoding, _ = ALL_SYSTEMS[system]
+    model = ALL_RUNS[run][0]
+    beta = 0.0 if model == "transformer" else beta
+    rerank = {"rerank_with": setup.teacher_checkpoint} if system.endswith("_rerank") else {}
+    out = setup.out / "decode" / system / f"test.batch{batch}.out"
+    runs = [R.decode(setup.data, setup.out / run / "checkpoint_last.pt", model, out, eos_penalty=beta,
+                     batch_size=batch, head=setup.batch1 if batch == 1 else None, **setup.decode_args(), **decoding,
+                     **rerank) for _ in range(setup.repeat)]
+    seconds = [r["decode_seconds"] for r in runs]
+    return {**runs[-1], "eos_penalty": beta, "decode_seconds": statistics.median(seconds),
+            **({"decode_seconds_runs": seconds} if len(runs) > 1 else {})}
+
+
+def probe_label_tau(setup: Setup) -> str:
+    """fairseq's own insertion_transformer with --label-tau: run 1 update and report the outcome."""
+    save = setup.out / "nat_label_tau_probe"
+    cmd = train_command(R.data_bin(setup.data), save, "fairseq_nat", setup.size, updates=1, device=setup.device,
+                        extra=["--label-tau", "1", "--no-save"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        return "fairseq's insertion_transformer trained with --label-tau 1 for 1 update without error."
+    errors = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "Error" in ln]
+    return (f"fairseq's insertion_transformer with --label-tau 1 fails (exit {proc.returncode}: "
+            f"{errors[-1].strip() if errors else 'see log'}); its systems train without --label-tau.")
+
+
+# ------------------------------------------------------------------------- report
+def pick(rows: dict[str, dict], system: str, key: str) -> dict:
+    """The row of ``system``, or the best row by ``key`` among the systems the pattern matches."""
+    if "*" not in system:
+        return rows.get(system, {})
+    found = [r for n, r in rows.items() if fnmatch.fnmatchcase(n, system) and r.get(key) is not None]
+    return max(found, key=lambda r: r[key]) if found else {}
+
+
+def compute(kind: str, a: float | None, b: float | None) -> float | None:
+    if kind == "difference":
+        return None if a is None or b is None else round(a - b, 3)
+    if not a or not b:
+        return None
+    return round(b / a if kind == "inverse_ratio" else a / b, 3)
+
+
+def evaluate_targets(rows: list[dict], device: str) -> list[dict]:
+    """Every target measured on ``rows``: metric, goal text, value and whether it is met (None: not
+    measured, or reported only)."""
+    by_name, out = {r["name"]: r for r in rows}, []
+    for metric, kind, (sa, ka), (sb, kb), goal, direction, note in TARGETS:
+        a, b = pick(by_name, sa, ka), pick(by_name, sb, kb)
+        value = compute(kind, a.get(ka), b.get(kb))
+        if isinstance(goal, dict):
+            goal, where = goal.get(device), f" ({ {'cpu': 'CPU', 'cuda': 'GPU'}.get(device, device)})"
+            text = f"{direction} {float(goal)}{where}" if goal is not None else f"no goal on {device}"
+        else:
+            text = f"{direction} {float(goal)}" if goal is not None else "reported" + (f" ({note})" if note else "")
+        met = None if value is None or goal is None else (value >= goal if direction == ">=" else value <= goal)
+        out.append({"metric": metric.replace("{a}", a.get("name", "none")), "target": text, "value": value,
+                    "met": met})
+    return out
+
+
+RATIOS = (("decode_seconds_batch1", "decode_time_ratio_batch1_vs_", "ratio"),
+          ("decode_seconds_batch128", "decode_throughput_ratio_batch128_vs_", "inverse_ratio"),
+          ("train_target_tokens_per_s", "train_speed_ratio_vs_", "ratio"))
+
+
+def add_ratios(results: dict) -> None:
+    """Ratios against the baselines trained on the same data in this run, and the targets."""
+    by_name = {r["name"]: r for r in results["systems"]}
+    for row in results["systems"]:
+        suffix = "_distilled" if row["data"] == "distilled" else ""
+        for peer, tag in (("ar_greedy", "ar_greedy"), ("fairseq_nat_insertion", "fairseq_nat")):
+            other = by_name.get(peer + suffix, {})
+            for key, prefix, kind in RATIOS:
+                row[prefix + tag] = compute(kind, row.get(key), other.get(key))
+    results["targets"] = evaluate_targets(results["systems"], results["device"])
+
+
+def fmt(x, digits: int = 2) -> str:
+    return "n/a" if x is None else (f"{x:.{digits}f}" if isinstance(x, float) else str(x))
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Machine: {results['machine']} ({results['device']}); {results['updates']} updates per system; "
+        f"{results['arch']}; max tokens {results['max_tokens']}; test set {results['test_set']}; "
+        f"batch-1 timing on the first {results['batch1_sentences']} test sentences.", "",
+        "| system | data | BLEU | EOS pen. | iterations | floor(log2 n)+1 | decode s, batch 1 | time vs AR greedy "
+        "| decode s, batch 128 | throughput vs AR greedy | train tgt tok/s | vs AR |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["systems"]:
+        lines.append(
+            f"| {r['name']} | {r['data']} | {fmt(r['bleu'])} | {fmt(r['eos_penalty'], 0)} "
+            f"| {fmt(r['mean_iterations'])} | {fmt(r['mean_log2_bound'])} | {fmt(r['decode_seconds_batch1'])} "
+            f"| {fmt(r['decode_time_ratio_batch1_vs_ar_greedy'])} | {fmt(r['decode_seconds_batch128'])} "
+            f"| {fmt(r['decode_throughput_ratio_batch128_vs_ar_greedy'])} "
+            f"| {fmt(r['train_target_tokens_per_s'], 0)} | {fmt(r['train_speed_ratio_vs_ar_greedy'])} |")
+    if results.get("targets"):
+        lines += ["", "| target (issue \"Performance\") | goal | measured | met |", "| --- | --- | --- | --- |"]
+        for t in results["targets"]:
+            met = "-" if t["target"].startswith("reported") else (
+                "not measured" if t["met"] is None else ("yes" if t["met"] else "**no**"))
+            lines.append(f"| {t['metric']} | {t['target']} | {fmt(t['value'], 3)} | {met} |")
+    lines += [line for note in results.get("notes", []) for line in ("", f"Note: {note}")]
+    if results.get("failed"):
+        lines += ["", "Failed steps: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in results["failed"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def save(out: Path, results: dict) -> None:
+    add_ratios(results)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results))
+
+
+# ------------------------------------------------------------------------- the run
+class Run:
+    """One benchmark run: its settings, the steps done and failed, and ``results.json``."""
+
+    def __init__(self, setup: Setup, systems: list[str], results: dict):
+        self.setup, self.systems, self.results, self.started = setup, systems, results, time.time()
+        self.done: dict[str, dict] = {}
+
+    def step(self, key: str, path: Path, fn: Callable[[], dict], needs: tuple[str, ...] = ()) -> None:
+        """Run one step (or read its finished output); a failure is recorded and the run goes on."""
+        if any(n in self.results["failed"] for n in needs):
+            self.results["failed"][key] = "skipped: a step it needs failed"
+            return
+        print(f"[bench] {key}", file=sys.stderr, flush=True)
+        try:
+            self.done[key] = cached(path, fn)
+        except Exception as exc:  # a failed step is recorded, the rest goes on
+            self.results["failed"][key] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+
+    def phase(self, steps: list[tuple[str, Path, Callable[[], dict], tuple[str, ...]]], jobs: int) -> None:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(lambda s: self.step(*s), steps))
+        self.write()
+
+    def row(self, name: str) -> dict:
+        run, _, _ = ALL_SYSTEMS[name]
+        t128, t1 = self.done.get(f"test128:{name}", {}), self.done.get(f"test1:{name}", {})
+        row = {"name": name, "data": "distilled" if "_distilled" in name else "raw", "bleu": t128.get("bleu"),
+               "bleu_signature": t128.get("signature"), "mean_iterations": t128.get("mean_iterations"),
+               "mean_log2_bound": t128.get("mean_log2_bound"), "mean_length": t128.get("mean_length"),
+               "eos_penalty": t128.get("eos_penalty"),
+               "valid_bleu_by_eos_penalty": self.done.get(f"sweep:{name}", {}).get("valid_bleu_by_eos_penalty"),
+               "decode_seconds_batch1": t1.get("decode_seconds"), "decode_seconds_batch128": t128.get("decode_seconds"),
+               "train_target_tokens_per_s": self.done.get(f"train:{run}", {}).get("train_target_tokens_per_s"),
+               "command": t128.get("command"), "command_batch1": t1.get("command"),
+               "train_command": self.done.get(f"train:{run}", {}).get("command")}
+        for batch, t in ((1, t1), (128, t128)):
+            if "decode_seconds_runs" in t:
+                row[f"decode_seconds_batch{batch}_runs"] = t["decode_seconds_runs"]
+        return row
 
     def write(self) -> None:
-        plan.collect(self.results, self.ledger, self.systems, self.earlier)
-        report.add_ratios(self.results)
+        self.results["trainings"] = {k[6:]: v for k, v in self.done.items() if k.startswith("train:")}
+        if "distill" in self.done:
+            self.results["distillation"] = self.done["distill"]
+        self.results["systems"] = [self.row(n) for n in ALL_SYSTEMS if n in self.systems]
+        save(self.setup.out, self.results)
+
+    def all(self) -> int:
+        s, out = self.setup, self.setup.out
+        runs = list(dict.fromkeys(ALL_SYSTEMS[n][0] for n in self.systems))
+        distilled = [r for r in runs if on_distilled(r)]
+        needs_teacher = bool(distilled) or any(n.endswith("_rerank") for n in self.systems)
+        if s.teacher is None and needs_teacher and "ar" not in runs:
+            runs.insert(0, "ar")
+        train_step = lambda r: (f"train:{r}", out / r / "train.json", lambda: train(s, r),  # noqa: E731
+                                ("distill",) if r in distilled else ())
+        self.phase([train_step(r) for r in runs if r not in distilled], s.jobs)
+        if distilled and s.distilled is None:
+            self.step("distill", s.distilled_bin / "distill.json", lambda: R.distill(
+                s.data, s.teacher_checkpoint, s.device, out=s.distilled_bin, max_len_a=s.max_len_a,
+                max_len_b=s.max_len_b), () if s.teacher else ("train:ar",))
+        self.phase([train_step(r) for r in runs if r in distilled], s.jobs)
+        swept = [n for n in self.systems if ALL_SYSTEMS[n][2] and len(s.betas) > 1]
+        self.phase([(f"sweep:{n}", out / "decode" / n / "sweep.json", lambda n=n: sweep(s, n),
+                     (f"train:{ALL_SYSTEMS[n][0]}",)) for n in swept], s.jobs)
+        timed = sorted(self.systems, key=lambda n: "_distilled" not in n)  # the targets' rows first
+        for n in timed:
+            beta = self.done.get(f"sweep:{n}", {}).get("eos_penalty", s.betas[0])
+            needs = (f"train:{ALL_SYSTEMS[n][0]}", *((f"sweep:{n}",) if n in swept else ()))
+            for batch in (128, 1) if n not in EXTRA_SYSTEMS else (128,):
+                self.phase([(f"test{batch}:{n}", out / "decode" / n / f"test.batch{batch}.json",
+                             lambda n=n, b=batch, beta=beta: timed_decode(s, n, b, beta), needs)], 1)
+        plotted = [r for r in self.results["systems"] if r["name"].startswith("insertion_binary_tree_parallel")
+                   and r["bleu"] is not None]
+        if plotted:
+            best = max(plotted, key=lambda r: r["bleu"])
+            plot_iterations(out / "decode" / best["name"] / "test.batch128.out", out / "iterations.png",
+                            title=f"{best['name']} (test_2016_flickr, {s.updates} updates)")
+            self.results["plot"] = str(out / "iterations.png")
         self.results["wall_seconds"] = round(time.time() - self.started, 1)
-        report.save(self.out, self.results)
+        self.write()
+        print(markdown(self.results))
+        return 1 if self.results["failed"] else 0
 
 
-def earlier_results(out: Path) -> dict:
-    """``OUT/results.json`` of an earlier run (maybe on another machine), each row naming its
-    machine: a run resumed with ``--systems`` keeps the rows and trainings it does not redo."""
-    path = out / "results.json"
-    if not path.is_file():
-        return {}
-    earlier = json.loads(path.read_text())
-    for r in earlier.get("systems", []):
-        r.setdefault("machine", earlier.get("machine"))
-    return earlier
-
-
-def render(out: Path) -> int:
-    """Ratios, targets and the table again from ``OUT/results.json`` (nothing is run)."""
-    results = json.loads((out / "results.json").read_text())
-    report.add_ratios(results)
-    report.save(out, results)
-    print(report.markdown(results))
-    return 0
-
-
-def prepared_data(args: argparse.Namespace, out: Path) -> Path:
-    """``--data``, or ``OUT/data`` prepared from the raw files when it is not there yet."""
-    data = args.data.resolve() if args.data else out / "data"
-    if not (data / "data-bin" / "dict.src.txt").is_file():
-        prepare(data, args.raw_dir.resolve() if args.raw_dir else None, "en", "de", bpe_merges=args.bpe_merges,
-                train_lines=args.train_lines, test_lines=args.test_lines, workers=2)
-    return data
+# ------------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--out", type=Path, required=True, help="work and results directory (finished steps are reused)")
+    p.add_argument("--quick", action="store_true", help="a tiny model, 2,000 training lines, 48 test lines, 30 updates")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--jobs", type=int, default=1, help="steps of one phase at a time (timed decodes always alone)")
+    p.add_argument("--systems", nargs="+", default=None, help=f"only these systems (default: all): {list(ALL_SYSTEMS)}")
+    p.add_argument("--extras", action="store_true", help="also the warm start, two canvases per sentence, candidates")
+    p.add_argument("--render", action="store_true", help="only the ratios, targets and OUT/results.md again")
+    p.add_argument("--raw-dir", type=Path, default=None, help="raw Multi30k files (default: download them)")
+    p.add_argument("--data", type=Path, default=None, help="a prepare.py --out directory (default OUT/data)")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="a fairseq transformer checkpoint to distil with and warm-start from, instead of OUT/ar")
+    p.add_argument("--distilled", type=Path, default=None,
+                   help="a distilled data-bin (the data's dictionaries) for the *_distilled systems")
+    p.add_argument("--tau", type=float, default=1.0, help="binary tree temperature (default 1.0)")
+    p.add_argument("--repeat", type=int, default=1, help="run each timed decode N times, report the median")
+    for flag, (full, quick) in DEFAULTS.items():
+        kind = float if flag in ("betas", "max_len_a") else int
+        p.add_argument(f"--{flag.replace('_', '-')}", type=kind, nargs="+" if flag == "betas" else None,
+                       help=f"default {'all' if full is None else full}; --quick {quick}")
+    return p
 
 
 def check_given(setup: Setup) -> None:
-    """``--distilled`` and ``--teacher`` must fit the prepared data (raises CheckError)."""
+    """``--distilled`` and ``--teacher`` must fit the prepared data (raises CheckError naming the file)."""
     if setup.distilled:
         check_distilled(R.data_bin(setup.data), setup.distilled)
     if setup.teacher:
         check_teacher(setup.teacher, R.data_bin(setup.data))
 
 
-def header(args: argparse.Namespace, setup: Setup, n_test: int, argv: list[str], started: float) -> dict:
-    """The run's description at the top of ``results.json``."""
-    return {
-        "machine": machine_info(setup.device),
-        "device": setup.device,
-        "updates": setup.updates,
-        "arch": setup.size.describe() + ", shared embeddings",
-        "max_tokens": setup.max_tokens,
-        "max_len_a": setup.max_len_a,
-        "max_len_b": setup.max_len_b,
-        "test_set": "test_2016_flickr" + (f" (first {n_test} lines)" if args.quick or args.test_lines else ""),
-        "test_sentences": n_test,
-        "data": str(setup.data),
-        "batch1_sentences": setup.batch1,
-        "mode": "quick" if args.quick else "full",
-        "jobs": args.jobs,
-        "versions": versions(),
-        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, "-m", "benchmarks.run", *argv]),
-        **({"teacher": str(setup.teacher)} if setup.teacher else {}),
-        **({"distilled_data": str(setup.distilled)} if setup.distilled else {}),
-        "notes": [],
-        "trainings": {},
-        "systems": [],
-        "failed": {},
-    }
-
-
-def run_all(setup: Setup, file: ResultsFile, trainings: dict[str, Training], jobs: int) -> int:
-    """Trainings, distillation and sweeps (``jobs`` at a time), then the timed decodes alone."""
-    if any(t.model == "fairseq_nat" for t in trainings.values()):
-        file.results["notes"].append(probe_label_tau(setup))
-    run_shared(plan.shared_jobs(setup, file.systems, trainings, file.results["machine"]), jobs, file.ledger,
-               file.write)
-    run_alone(plan.timed_jobs(setup, file.systems, trainings, file.ledger), file.ledger, file.write)
-    file.write()
-    plotted = report.plot(file.results, setup.out)
-    if plotted:
-        file.results["plot"] = plotted
-        file.write()
-    print((setup.out / "results.md").read_text())
-    return 1 if file.ledger.failed else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = cli.build_parser(__doc__)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.render:
-        return render(args.out)
-    try:
-        systems, trainings = select(args.systems, args.extras or args.time_only, train_teacher=args.teacher is None)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.time_only:
-        return time_only(args, systems, trainings)
-    cli.fill_defaults(args)
-    started = time.time()
     out = args.out.resolve()
+    if args.render:
+        results = json.loads((out / "results.json").read_text())
+        save(out, results)
+        print(markdown(results))
+        return 0
+    systems = [n for n in ALL_SYSTEMS
+               if (args.extras or n not in EXTRA_SYSTEMS) and (not args.systems or n in args.systems)]
+    unknown = sorted(set(args.systems or ()) - set(ALL_SYSTEMS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {list(ALL_SYSTEMS)}")
+    for name, (full, quick) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     out.mkdir(parents=True, exist_ok=True)
-    data = prepared_data(args, out)
-    n_test = len(R.read_reference(data / "raw" / "test.tgt"))
-    setup = cli.make_setup(args, data, n_test)
+    data = args.data.resolve() if args.data else out / "data"
+    if not (data / "data-bin" / "dict.src.txt").is_file():
+        prepare(data, args.raw_dir.resolve() if args.raw_dir else None, "en", "de", bpe_merges=args.bpe_merges,
+                  train_lines=args.train_lines, test_lines=args.test_lines, workers=2)
+    n_test = len(read_reference(data / "raw" / "test.tgt"))
+    setup = Setup(out, data, args.device or default_device(), Size(args.layers, args.dim, args.heads, args.ffn),
+                  args.updates, args.max_tokens, tuple(args.betas), args.max_len_a, args.max_len_b,
+                  min(n_test, args.batch1_sentences or n_test), args.tau, max(1, args.jobs), max(1, args.repeat),
+                  *(p.resolve() if p else None for p in (args.teacher, args.distilled)))
     try:
         check_given(setup)
     except CheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    file = ResultsFile(out, header(args, setup, n_test, argv, started), Ledger(), systems, started,
-                       earlier_results(out))
-    return run_all(setup, file, trainings, args.jobs)
+    info = run_info(setup.device)
+    results = {
+        "machine": info["machine"], "device": setup.device, "updates": setup.updates,
+        "arch": setup.size.describe(), "max_tokens": setup.max_tokens, "max_len_a": setup.max_len_a,
+        "max_len_b": setup.max_len_b,
+        "test_set": "test_2016_flickr" + (f" (first {n_test} lines)" if args.quick or args.test_lines else ""),
+        "test_sentences": n_test, "data": str(data), "batch1_sentences": setup.batch1,
+        "mode": "quick" if args.quick else "full", "jobs": setup.jobs, "versions": info["versions"],
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, "-m", "benchmarks.run", *argv]),
+        **({"teacher": str(setup.teacher)} if setup.teacher else {}),
+        **({"distilled_data": str(setup.distilled)} if setup.distilled else {}),
+        "notes": [probe_label_tau(setup)] if any(ALL_SYSTEMS[n][0].startswith("nat") for n in systems) else [],
+        "trainings": {}, "systems": [], "failed": {},
+    }
+    return Run(setup, systems, results).all()
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())
