@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fairseq_insertion", "fairseq_insertion.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # zip(strict=True), parenthesised context managers (examples/multi30k/prepare.py)
     install_requires=[
         'fairseq==0.12.2; python_version<"3.11"',
         'fairseq-fixed==0.12.3.1; python_version>="3.11"',
