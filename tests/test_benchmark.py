@@ -1,4 +1,5 @@
-"""The benchmark's --quick mode end to end on a slice of Multi30k: every system gets every field."""
+"""The benchmark's --quick mode end to end on a slice of Multi30k: every system gets every field, every
+step leaves its output file."""
 
 import json
 import subprocess
@@ -45,6 +46,9 @@ def test_quick_benchmark_writes_every_field_for_every_system(tmp_path):
     rows = {s["name"]: s for s in results["systems"]}
     assert rows["ar_greedy"]["mean_iterations"] == pytest.approx(rows["ar_greedy"]["mean_length"])
     assert rows["insertion_binary_tree_parallel"]["decode_time_ratio_batch1_vs_ar_greedy"] is not None
+    # every step left its output file, which a later run into the same OUT reuses
+    assert all((out / "decode" / n / "test.batch128.json").is_file() for n in names)
+    assert all((out / run / "train.json").is_file() for run in ("ar", "binary_tree", "binary_tree_distilled"))
     table = (out / "results.md").read_text()
     assert all(f"| {n} |" in table for n in names)
     assert (out / "iterations.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

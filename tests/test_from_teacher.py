@@ -1,6 +1,7 @@
-"""benchmarks.from_teacher end to end on a tiny teacher and corpus: fine-tune, average, choose the
-decoding on valid, decode the test set beside the teacher, and write every row; then
-benchmarks.decode_speed on its model and teacher at two precisions."""
+"""examples.warm_start end to end on a tiny teacher and corpus: the size read from the teacher's
+checkpoint, distil, fine-tune, average, choose the decoding on valid, decode the test set beside the
+teacher, at two precisions; and examples.generate_output on real fairseq-generate and
+fairseq-interactive outputs of the teacher and the fine-tuned model."""
 
 import json
 import subprocess
@@ -9,30 +10,59 @@ import sys
 import pytest
 import torch
 
+from examples.commands import Size, interactive_command, run
+from examples.generate_output import read_generate_output, read_reference, remove_bpe, score
+from fairseq_insertion.canvas import log2_bound
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, reverse_data
+
+# the teacher's size differs from every default: the recipe must read it from the checkpoint
+SIZE = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-ffn-embed-dim", "128",
+        "--decoder-ffn-embed-dim", "128"]
 
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     root = reverse_data(tmp_path_factory, "from_teacher", 200, 8, 6)
-    (root / "data-bin").symlink_to(root / "bin")  # prepare.py's layout: data-bin/, raw/ and tok/
-    (root / "tok").symlink_to(root / "raw")
-    return root, train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
+    return root, train_teacher(root / "bin", root / "teacher", "--share-all-embeddings", *SIZE)
 
 
-def test_from_teacher_writes_every_system(kit, tmp_path):
+@pytest.fixture(scope="module")
+def warm_start(kit, tmp_path_factory):
     root, teacher = kit
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "benchmarks.from_teacher", "--teacher", teacher, "--data", root, "--distilled",
-           root / "bin", "--out", out, "--device", "cpu", "--updates", "4", "--save-every", "2", "--average", "2",
-           "--layers", "2", "--dim", "64", "--ffn", "256", "--betas", "0", "1", "--curve-beta", "1",
-           "--candidates", "0", "1", "--lenpens", "0.5", "1", "--max-len-a", "1", "--max-len-b", "5",
-           "--batch1-sentences", "3", "--train-extra", "--max-tokens", "400"]  # several updates an epoch
+    out = tmp_path_factory.mktemp("warm_start_out")
+    cmd = [sys.executable, "-m", "examples.warm_start", "--teacher", teacher, "--data-bin", root / "bin",
+           "--valid-ref", root / "raw" / "valid.tgt", "--test-ref", root / "raw" / "test.tgt", "--lang", "none",
+           "--out", out, "--device", "cpu", "--updates", "4", "--save-every", "2", "--average", "2",
+           "--betas", "0", "1", "--curve-beta", "1", "--candidates", "0", "1", "--lenpens", "0.5", "1",
+           "--max-len-a", "1", "--max-len-b", "5", "--batch1-sentences", "3", "--precisions", "fp32", "int8",
+           "--train-extra", "--max-tokens", "400"]  # several updates an epoch
     proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "results.json").read_text())
-    assert res["arch"].startswith("2+2 layers, d=64")
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_size_is_read_from_the_teacher_checkpoint(kit, tmp_path):
+    _, teacher = kit
+    assert Size.from_checkpoint(teacher) == Size(layers=1, dim=64, heads=4, ffn=128, share_all=True)
+    with pytest.raises(Exception, match="no such checkpoint"):
+        Size.from_checkpoint(tmp_path / "missing.pt")
+
+
+def test_warm_start_writes_every_system(kit, warm_start):
+    root, teacher = kit
+    out, res = warm_start
+    assert res["arch"] == "1+1 layers, d=64, 4 heads, FFN 128, shared embeddings"
+    command = res["training"]["command"]
+    assert "--encoder-layers 1 " in command and "--decoder-ffn-embed-dim 128 " in command
+    assert f"--init-from-transformer {teacher} --warm-start-slots left" in command
+    assert f"{out / 'distilled'} " in command  # trained on its own distillation
+    # the distilled targets are the teacher's translations of the training sources, binarised
+    work = out / "distilled.work"
+    src, tgt = (work / "train.src").read_text().splitlines(), (work / "train.tgt").read_text().splitlines()
+    assert len(src) == len(tgt) == res["distillation"]["sentences"] == 200 - res["distillation"]["skipped"]
+    assert set(src) <= set((root / "raw" / "train.src").read_text().splitlines())
+    assert all((out / "distilled" / f"{split}.src-tgt.tgt.bin").is_file() for split in ("train", "valid", "test"))
     assert set(res["systems"]) == {"ar_greedy", "ar_beam5", "insertion_warm_distilled_parallel",
                                    "insertion_warm_distilled_parallel_candidates",
                                    "insertion_warm_distilled_parallel_rerank"}
@@ -56,22 +86,53 @@ def test_from_teacher_writes_every_system(kit, tmp_path):
     key = "decoder.layers.0.fc1.weight"
     assert not torch.equal(states[0][key], states[1][key])
     torch.testing.assert_close(avg[key], (states[0][key] + states[1][key]) / 2)
-    assert f"--init-from-transformer {teacher} --warm-start-slots left" in res["training"]["command"]
-
-    # decode_speed: both models through the plugin's task at each precision, the ratios
-    speed = tmp_path / "speed"
-    cmd = [sys.executable, "-m", "benchmarks.decode_speed", "--insertion", out / "train" / "checkpoint_last.pt",
-           "--teacher", teacher, "--data", root, "--out", speed, "--device", "cpu", "--precisions", "fp32", "int8",
-           "--batch-sizes", "4", "1", "--batch1-sentences", "3", "--max-len-a", "1", "--max-len-b", "5"]
-    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((speed / "results.json").read_text())["results"]
-    assert set(res) == {"fp32", "int8"}
-    for precision, r in res.items():
-        assert set(r["ratios"]) == {"batch1_time_ratio", "batch4_throughput_ratio"}
+    # both models through the plugin's task at each precision, and the ratios
+    assert set(res["precisions"]) == {"fp32", "int8"}
+    for precision, r in res["precisions"].items():
+        assert set(r["ratios"]) == {"batch1_time_ratio", "batch128_throughput_ratio"}
         assert all(v > 0 for v in r["ratios"].values())
         for name in ("ar_greedy", "insertion_parallel"):
-            one, four = r["systems"][name]["batch1"], r["systems"][name]["batch4"]
-            assert one["sentences"] == 3 and four["sentences"] == 6 and 0 <= four["bleu"] <= 100
-            assert f"--decode-precision {precision}" in four["command"]
-            assert "--task insertion_translation" in four["command"]  # the teacher too: the same conversion
+            one, full = r["systems"][name]["batch1"], r["systems"][name]["batch128"]
+            assert one["sentences"] == 3 and full["sentences"] == 6 and 0 <= full["bleu"] <= 100
+            assert f"--decode-precision {precision}" in full["command"]
+            assert "--task insertion_translation" in full["command"]  # the teacher too: the same conversion
+
+
+def test_generate_output_parser_on_real_outputs(kit, warm_start, tmp_path):
+    """S-/T-/H-/D-/P-/I- lines, fairseq's time line and the plugin's summary line of the recipe's real
+    decodes of the test set, and fairseq-interactive's output of two typed lines."""
+    root, teacher = kit
+    raw_src = read_reference(root / "raw" / "test.src")
+    raw_tgt = read_reference(root / "raw" / "test.tgt")
+    out, res = warm_start
+    insertion = out / "train" / "checkpoint_last.pt"
+    for model, name in (("transformer", "ar_greedy"), ("insertion", "insertion_warm_distilled_parallel")):
+        decoded = out / "decode" / name / "test.batch128.out"  # the recipe's own decode, stdout and log
+        assert f"--path {teacher if model == 'transformer' else insertion} " in res["systems"][name]["command_batch128"]
+        gen = read_generate_output(decoded, decoded.with_suffix(".log"))
+        assert [gen.sources[i] for i in range(6)] == raw_src and [gen.targets[i] for i in range(6)] == raw_tgt
+        assert sorted(gen.hypotheses) == sorted(gen.scores) == sorted(gen.positional_scores) == list(range(6))
+        words = {i: len(remove_bpe(h).split()) for i, h in gen.hypotheses.items()}
+        assert all(gen.positional_scores[i] == words[i] + 1 for i in words)  # one score per token and </s>
+        assert gen.detokenized == gen.hypotheses  # no --tokenizer: D- repeats H-
+        assert gen.decode_seconds is not None and gen.decode_seconds > 0
+        result = score(gen, raw_tgt, None)
+        assert 0 <= result["bleu"] <= 100 and result["sentences"] == 6
+        assert result["mean_length"] == pytest.approx(sum(words.values()) / 6)
+        if model == "transformer":
+            assert gen.iterations == {} and gen.insertion_summary == {}
+            continue
+        # the plugin's own summary agrees with the per-sentence lines
+        summary = gen.insertion_summary
+        assert summary["sentences"] == 6 and summary["forward_passes"] >= max(gen.iterations.values())
+        assert summary["mean_iterations"] == pytest.approx(sum(gen.iterations.values()) / 6, abs=1e-3)
+        assert summary["mean_log2_bound"] == pytest.approx(sum(log2_bound(n) for n in words.values()) / 6, abs=1e-3)
+        assert result["mean_iterations"] == pytest.approx(summary["mean_iterations"], abs=1e-3)
+    # fairseq-interactive prints the same lines for standard input
+    lines = tmp_path / "input.txt"
+    lines.write_text("\n".join(raw_src[:2]) + "\n")
+    typed = tmp_path / "interactive.out"
+    run(interactive_command(root / "bin", insertion, source_lang="src", target_lang="tgt", eos_penalty=1.0),
+        typed.with_suffix(".log"), stdout=typed, stdin=lines)
+    gen = read_generate_output(typed)
+    assert sorted(gen.hypotheses) == [0, 1] and [gen.sources[0], gen.sources[1]] == raw_src[:2]
