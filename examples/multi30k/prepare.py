@@ -39,6 +39,9 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
+from examples.commands import preprocess_command  # noqa: E402
+
 DOWNLOAD_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
 # (raw file stem, output split name)
 SPLITS: tuple[tuple[str, str], ...] = (
@@ -177,19 +180,6 @@ def apply_bpe(lines: list[str], codes: Path, workers: int = 1) -> list[str]:
 # ---------------------------------------------------------------- pipeline
 
 
-def fairseq_preprocess_command() -> str:
-    """Locate ``fairseq-preprocess`` next to the running interpreter, else on PATH."""
-    local = Path(sys.executable).parent / "fairseq-preprocess"
-    if local.is_file():
-        return str(local)
-    found = shutil.which("fairseq-preprocess")
-    if found is None:
-        raise PrepareError(
-            "fairseq-preprocess not found next to sys.executable nor on PATH"
-        )
-    return found
-
-
 def prepare(
     out: Path,
     raw_dir: Path | None,
@@ -266,17 +256,8 @@ def prepare(
                 write_lines(ref_dir / f"{split}.{side}", raw[split][side])
 
     dest = out / "data-bin"
-    cmd = [
-        fairseq_preprocess_command(),
-        "--source-lang", "src",
-        "--target-lang", "tgt",
-        "--trainpref", str(tok_dir / "train"),
-        "--validpref", str(tok_dir / "valid"),
-        "--testpref", str(tok_dir / "test"),
-        "--destdir", str(dest),
-        "--joined-dictionary",
-        "--workers", str(workers),
-    ]  # fmt: skip
+    cmd = preprocess_command(dest, "src", "tgt", trainpref=tok_dir / "train", validpref=tok_dir / "valid",
+                             testpref=tok_dir / "test", joined=True, workers=workers)
     print("running: " + " ".join(cmd), file=sys.stderr)
     result = subprocess.run(cmd, check=False)
     if result.returncode != 0:
