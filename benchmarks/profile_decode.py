@@ -25,7 +25,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import fairseq_insertion  # noqa: F401  registers the model, task and safe globals
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.precision import PRECISIONS, for_decoding
-from fairseq_insertion.task import DEFAULT_REPEAT_NGRAM
 
 
 def load(checkpoint: str, data: str):
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = [utils.move_to_cuda(s) for s in samples]
     kwargs = dict(decoding="parallel", eos_penalty=args.eos_penalty, max_len_a=args.max_len_a,
                   max_len_b=args.max_len_b, src_dict=task.source_dictionary,
-                  no_repeat_ngram_size=DEFAULT_REPEAT_NGRAM)
+                  block_neighbour_copies=True, no_repeat_ngram_size=3)  # the rules the results were timed with
     encoder, passes = Stopwatch(model.encoder, "forward"), Stopwatch(model, "decode_slots")
     generator = InsertionGenerator(task.target_dictionary, **kwargs)
     result = {"checkpoint": args.checkpoint, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
@@ -167,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference:
         from tests.reference_generator import ReferenceInsertionGenerator
 
-        kwargs.pop("no_repeat_ngram_size")  # the reference loop has no repetition rules
+        kwargs.update(block_neighbour_copies=False, no_repeat_ngram_size=0)  # the reference loop has no such rules
         reference = ReferenceInsertionGenerator(task.target_dictionary, **kwargs)
         result["reference"] = run(reference, model, samples, args.top)
         result["reference"]["unprofiled"] = timed(reference, model, samples, encoder, passes)

@@ -20,7 +20,7 @@ Vocabulary used throughout (Stern et al., 2019):
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -329,7 +329,35 @@ def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Te
 # ----------------------------------------------------------------------------
 # Hard constraints and templates (the initial canvas is given)
 # ----------------------------------------------------------------------------
-def constraint_canvas(packed: Tensor, gap: int, pad: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+class InitialCanvas(NamedTuple):
+    """Where a decode starts: the empty canvas, or one holding hard constraints."""
+
+    tokens: Tensor  # (B, K) padded with pad
+    lengths: Tensor  # (B,)
+    closed_before: Tensor  # (B, K) the slot just before token j is closed
+    closed_end: Tensor  # (B,) the last slot is closed
+    segment: Tensor  # (B, K) the index of the constraint each token comes from
+
+    @classmethod
+    def empty(cls, batch: int, device, pad: int) -> "InitialCanvas":
+        """The unconstrained start: an empty canvas, every slot open."""
+        long0 = torch.full((batch, 0), pad, dtype=torch.long, device=device)
+        return cls(tokens=long0, lengths=torch.zeros(batch, dtype=torch.long, device=device),
+                   closed_before=long0.bool(), closed_end=torch.zeros(batch, dtype=torch.bool, device=device),
+                   segment=long0.clone())
+
+    def take(self, idx: Tensor) -> "InitialCanvas":
+        """The rows ``idx`` (N,), e.g. a sentence once per candidate."""
+        return InitialCanvas(*(t.index_select(0, idx) for t in self))
+
+    def emptied(self, rows: Tensor, pad: int) -> "InitialCanvas":
+        """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
+        r = rows.unsqueeze(1)
+        return self._replace(tokens=self.tokens.masked_fill(r, pad), lengths=self.lengths.masked_fill(rows, 0),
+                             closed_before=self.closed_before & ~r, closed_end=self.closed_end & ~rows)
+
+
+def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
     """The initial canvas of a constrained decode, from fairseq's packed constraints.
 
     packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints``
@@ -344,10 +372,10 @@ def constraint_canvas(packed: Tensor, gap: int, pad: int) -> Tuple[Tensor, Tenso
     constraint is a template that does not end with a gap. Slots between
     constraints are open.
 
-    Returns canvas (B, K) padded with ``pad``, lengths (B,), closed_before
-    (B, K) (True: the slot just before token j is closed), closed_end (B,)
-    (the last slot is closed) and segment (B, K) (the index of the
-    constraint each token comes from).
+    Returns the :class:`InitialCanvas`: tokens (B, K) padded with ``pad``,
+    lengths (B,), closed_before (B, K) (True: the slot just before token j is
+    closed), closed_end (B,) (the last slot is closed) and segment (B, K) (the
+    index of the constraint each token comes from).
     """
     B = packed.size(0)
     m = packed[:, 0] if packed.size(1) > 0 else packed.new_zeros(B)  # (B,)
@@ -371,7 +399,8 @@ def constraint_canvas(packed: Tensor, gap: int, pad: int) -> Tuple[Tensor, Tenso
     first = torch.arange(canvas.size(1), device=body.device).unsqueeze(0).eq(0)  # (1, K)
     closed_before = glued.gather(1, keep_pos) | (first & closed_start.unsqueeze(1))
     closed_before &= slot_mask(lengths - 1, canvas.size(1))  # False on padding
-    return canvas, lengths, closed_before, closed_end, segment.gather(1, keep_pos)
+    return InitialCanvas(tokens=canvas, lengths=lengths, closed_before=closed_before, closed_end=closed_end,
+                         segment=segment.gather(1, keep_pos))
 
 
 def closed_slots(closed_before: Tensor, closed_end: Tensor, lengths: Tensor, num_slots: int) -> Tensor:

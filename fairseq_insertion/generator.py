@@ -20,86 +20,29 @@ final pass that only finds end-of-slot is counted separately as a forward pass.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import math
-from typing import Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+import weakref
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
 
 from . import canvas as C
+from .canvas import InitialCanvas
+from .decoding import (
+    CONSTRAINT_ORDERS,
+    DECODINGS,
+    Canvases,
+    DecodingConfig,
+    Insertions,
+    SlotScores,
+    Step,
+    choose_step,
+)
 
 logger = logging.getLogger(__name__)
 
-DECODINGS = ("parallel", "greedy")
-CONSTRAINT_ORDERS = ("ordered", "unordered")
-
-
-class Canvases(NamedTuple):
-    """The decoding state: one row per sentence (the active ones inside the loop)."""
-
-    rows: Tensor  # (A,) index of each sentence in the batch
-    tokens: Tensor  # (A, K) canvas tokens, pad after each length
-    scores: Tensor  # (A, K) log p(c, l) of each inserted token when inserted; 0 for constraint tokens
-    closed_before: Tensor  # (A, K) the slot just before token j is closed
-    closed_end: Tensor  # (A,) the last slot is closed
-    lengths: Tensor  # (A,)
-    iterations: Tensor  # (A,) steps that inserted at least one token
-    final_eos: Tensor  # (A,) the latest pass's end-of-slot decisions: sum of their log p(eos, l)
-    max_len: Tensor  # (A,) length limit
-    eos_penalty: Tensor  # (A,) beta of each row (several per sentence with --eos-penalties)
-
-    def take(self, idx: Tensor) -> "Canvases":
-        return Canvases(*(t.index_select(0, idx) for t in self))
-
-
-class SlotScores(NamedTuple):
-    """One pass's prediction for the slots of the active canvases, (A, S) each."""
-
-    open: Tensor  # slots that may receive a token: real and not closed
-    tokens: Tensor  # the best token of each open slot (eos elsewhere): bos/pad excluded, eos penalised
-    log_probs: Tensor  # its log p(c | l) (the eos penalty included when eos wins)
-    location: Tensor  # log p(l), -inf at padding slots
-    final_eos: Tensor  # (A,) log-prob of this pass's end-of-slot decisions, sum of log p(eos, l), no penalty
-    content: Optional[Tensor]  # (A, S, V) log p(c | l) of the open slots (-inf elsewhere); greedy sequence only
-
-
-class Insertions(NamedTuple):
-    """What one step inserts: ``tokens[l]`` (with score ``log_probs[l]``) into every slot l where ``mask``."""
-
-    mask: Tensor  # (A, S)
-    tokens: Tensor  # (A, S)
-    log_probs: Tensor  # (A, S) log p(c | l)
-
-
-def parallel_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
-    """Insert the best token into every open slot whose best is not end-of-slot,
-    at most ``room`` (A,) per canvas (the highest-scoring ones)."""
-    return Insertions(_cap(p.open & p.tokens.ne(eos), p.log_probs, room), p.tokens, p.log_probs)
-
-
-def greedy_slot_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
-    """Slot finalization: the one (slot, token) with the best log p(c, l) among the
-    slots whose best token is not end-of-slot."""
-    ok = p.open & p.tokens.ne(eos)  # (A, S)
-    joint = (p.log_probs + p.location).masked_fill(~ok, float("-inf"))
-    return Insertions(_one_hot_argmax(joint) & ok.any(1, keepdim=True), p.tokens, p.log_probs)
-
-
-def greedy_sequence_step(p: SlotScores, room: Tensor, eos: int) -> Insertions:
-    """Sequence finalization: the best (slot, token) over every open slot and the
-    whole vocabulary; stop when it is end-of-sequence."""
-    A, S, V = p.content.shape
-    flat = (p.content + p.location.unsqueeze(-1)).flatten(1).argmax(1)  # (A,) over (l, c)
-    slot, tok = flat.div(V, rounding_mode="floor"), flat.remainder(V)
-    ok = tok.ne(eos) & p.open.gather(1, slot.unsqueeze(1)).squeeze(1)  # (A,)
-    mask = torch.zeros_like(p.open).scatter_(1, slot.unsqueeze(1), ok.unsqueeze(1))
-    log_prob = p.content.flatten(1).gather(1, flat.unsqueeze(1))  # (A, 1)
-    return Insertions(mask, tok.unsqueeze(1).expand(A, S), log_prob.expand(A, S))
-
-
-Step = Callable[[SlotScores, Tensor, int], Insertions]
+__all__ = ["CONSTRAINT_ORDERS", "DECODINGS", "CandidateScorer", "DecodeResult", "InsertionGenerator"]
 
 
 class CandidateScorer(Protocol):
@@ -108,21 +51,31 @@ class CandidateScorer(Protocol):
     def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor]) -> Tensor: ...
 
 
-def choose_step(decoding: str, termination: str) -> Step:
-    """The decoding rule: parallel, or greedy with the model's training termination."""
-    if decoding == "parallel":
-        return parallel_step
-    return greedy_slot_step if termination == "slot" else greedy_sequence_step
+class DecodeResult(NamedTuple):
+    """What one run of the loop gives: the final canvases of every row in batch order
+    (their ``history`` too, with ``retain_history``) and the number of forward passes."""
+
+    canvases: Canvases
+    passes: int
+
+
+class Pass(NamedTuple):
+    """The state after one pass's insertions, and which rows go on."""
+
+    state: Canvases
+    keep: Tensor  # (A,)
+    n_keep: int
+    kept_width: int  # the longest kept canvas
 
 
 class InsertionGenerator:
-    """Builds fairseq hypothesis dicts by iterative insertion.
+    """Builds fairseq hypothesis dicts by iterative insertion, as
+    :class:`~fairseq_insertion.decoding.DecodingConfig` says (every option and
+    its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)``
+    is ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 
-    decoding: ``parallel`` (insert the argmax token into every slot whose
-    argmax is not end-of-slot) or ``greedy`` (one insertion per step).
-    eos_penalty: beta, subtracted from the end-of-slot/sequence log-prob.
-    eos_penalties: several betas: every sentence is decoded under each of them
-    in one batch, and its candidates (one per beta, ``eos_penalty`` says
+    Candidates: with ``eos_penalties``, every sentence is decoded under each
+    beta in one batch, and its candidates (one per beta, ``eos_penalty`` says
     which) are returned best first (fairseq's ``--nbest`` prints the first
     k): by the model's own score (``score``), or by ``rerank``'s score when
     given (an autoregressive model, one teacher-forced batch for all
@@ -139,7 +92,7 @@ class InsertionGenerator:
     (fairseq's ``--lenpen``; n tokens plus the termination term), and
     ``rerank``'s scores use the same ``lenpen``.
 
-    Repetition: ``block_neighbour_copies`` (default) stops a slot from
+    Repetition (off by default): ``block_neighbour_copies`` stops a slot from
     inserting a copy of either of its neighbours; ``no_repeat_ngram_size`` n
     stops it from inserting a token that makes an n-gram of the canvas occur
     twice (see :func:`canvas.repeated_tokens`). End-of-slot is never blocked.
@@ -157,54 +110,24 @@ class InsertionGenerator:
     places them in the order in which their first tokens first occur in that
     translation (absent ones after, in the given order; lines with a template
     anchored at the start or end keep the given order).
+
+    The generator keeps decoding statistics (:meth:`summary`), logged once when
+    it is freed or the process ends.
     """
 
-    def __init__(
-        self,
-        tgt_dict,
-        decoding: str = "parallel",
-        eos_penalty: float = 0.0,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        max_iterations: int = 0,
-        retain_history: bool = False,
-        src_dict=None,
-        constraint_order: Optional[str] = None,
-        close_ended_slots: bool = False,
-        eos_penalties: Optional[Sequence[float]] = None,
-        rerank: Optional[CandidateScorer] = None,
-        block_neighbour_copies: bool = True,
-        no_repeat_ngram_size: int = 0,
-        lenpen: float = 1.0,
-    ):
-        if decoding not in DECODINGS:
-            raise ValueError(f"--decoding must be one of {DECODINGS}, got {decoding!r}")
-        if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
-            raise ValueError(f"--constraints must be one of {CONSTRAINT_ORDERS}, got {constraint_order!r}")
-        self.constraint_order = str(constraint_order or "ordered")
-        if int(no_repeat_ngram_size) < 0 or int(no_repeat_ngram_size) == 1:
-            raise ValueError("the repeated n-gram size, --repeat-ngram-block / --no-repeat-ngram-size must be 0 "
-                             f"(off) or >= 2, got {no_repeat_ngram_size}")
-        self.block_neighbour_copies = bool(block_neighbour_copies)
-        self.no_repeat_ngram_size = int(no_repeat_ngram_size)
-        self.lenpen = float(lenpen)
-        if max_iterations < 0:
-            raise ValueError(f"--max-iterations must be >= 0, got {max_iterations}")
-        self.tgt_dict = tgt_dict
-        self.decoding = decoding
-        self.eos_penalty = float(eos_penalty)
-        self.eos_penalties = tuple(float(b) for b in eos_penalties) if eos_penalties else (self.eos_penalty,)
+    def __init__(self, tgt_dict, config: Optional[DecodingConfig] = None, *, src_dict=None,
+                 rerank: Optional[CandidateScorer] = None, **options: Any):
+        self.config = (config or DecodingConfig()).replace(**options) if options else (config or DecodingConfig())
         self.rerank = rerank
-        self.max_len_a, self.max_len_b = float(max_len_a), int(max_len_b)
-        self.max_iterations = int(max_iterations)
-        self.retain_history = retain_history
-        self.close_ended_slots = bool(close_ended_slots)
+        self.tgt_dict = tgt_dict
         self.bos, self.eos, self.pad = tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad()
         self.src_dict = src_dict if src_dict is not None else tgt_dict
         self.src_pad, self.src_eos, self.src_unk = self.src_dict.pad(), self.src_dict.eos(), self.src_dict.unk()
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
                       "batches": 0}
-        _track(self)
+        # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
+        # the process ends; the finalizer holds the statistics, not the generator
+        weakref.finalize(self, _log_summary, self.config.decoding, self.stats)
 
     # ------------------------------------------------------------------ API
     @torch.no_grad()
@@ -218,7 +141,7 @@ class InsertionGenerator:
             raise NotImplementedError("insertion decoding does not support --prefix-size")
         if constraints is None:
             constraints = sample.get("constraints")
-        model = models[0]
+        cfg, model = self.config, models[0]
         if model.training:  # fairseq's CLIs and the hub already put it in eval mode
             model.eval()
         net_input = sample["net_input"]
@@ -227,39 +150,41 @@ class InsertionGenerator:
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
 
         limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
-        max_len = (src_lengths.float() * self.max_len_a + self.max_len_b).long().clamp(0, limit)  # (B,)
+        max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
         self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
 
         init = self._initial_canvas(constraints, B, device)
-        len0 = init[1]  # (B,) constraint tokens per line
-        max_len = torch.where(empty, len0, max_len)
-        too_long = len0 > max_len  # (B,) constraints that do not fit: that line's output is empty
+        max_len = torch.where(empty, init.lengths, max_len)
+        too_long = init.lengths > max_len  # (B,) constraints that do not fit: that line's output is empty
         if bool(too_long.any()):
-            self._report_too_long(sample, src_tokens, too_long, len0, max_len)
-            init = _drop_rows(init, too_long, self.pad)
+            self._report_too_long(sample, src_tokens, too_long, init.lengths, max_len)
+            init = init.emptied(too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
-        step = choose_step(self.decoding, model.termination)
-        close_ended = self.close_ended_slots and model.termination == "slot"
-        n = len(self.eos_penalties)  # candidates per sentence: row c of sentence b is b n + c
-        beta = torch.tensor(self.eos_penalties, device=device).repeat(B)  # (B n,)
+        termination = _termination(model)
+        step = choose_step(cfg.decoding, termination)
+        close_ended = cfg.close_ended_slots and termination == "slot"
+        betas = cfg.betas
+        n = len(betas)  # candidates per sentence: row c of sentence b is b n + c
+        beta = torch.tensor(betas, device=device).repeat(B)  # (B n,)
         if n > 1:
             order = torch.arange(B, device=device).repeat_interleave(n)  # (B n,)
             cache = model.reorder_decoding_cache(cache, order)
-            init, max_len = tuple(t.index_select(0, order) for t in init), max_len.index_select(0, order)
-        if self.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
-            first, _, _ = self._decode(model, cache, _empty_init(B * n, device, self.pad), max_len, beta, step,
-                                       close_ended)
+            init, max_len = init.take(order), max_len.index_select(0, order)
+        if cfg.constraint_order == "unordered" and constraints is not None and init.tokens.size(1) > 0:
+            first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, step,
+                                 close_ended, retain_history=False).canvases
             init = _reorder_constraints(init, first.tokens, first.lengths)
-        out, history, passes = self._decode(model, cache, init, max_len, beta, step, close_ended)
+        result = self._decode(model, cache, init, max_len, beta, step, close_ended, cfg.retain_history)
+        out = result.canvases
 
         rows = []
         for r in range(B * n):
             h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
-            h["eos_penalty"] = self.eos_penalties[r % n]
-            if self.retain_history:
-                h["history"] = history[r]
+            h["eos_penalty"] = betas[r % n]
+            if out.history is not None:
+                h["history"] = out.history[r]
             rows.append(h)
         if self.rerank is not None:
             src = src_tokens.repeat_interleave(n, 0), src_lengths.repeat_interleave(n, 0)
@@ -267,42 +192,38 @@ class InsertionGenerator:
                 h["rerank_score"] = s
         hypos = [_candidates(rows[b * n:(b + 1) * n], "rerank_score" if self.rerank else "score") for b in range(B)]
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
-                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), passes)
+                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes)
         return hypos
 
-    def _initial_canvas(self, constraints, B: int, device) -> Tuple[Tensor, ...]:
-        """(canvas (B, K), lengths, closed_before (B, K), closed_end (B,), segment (B, K))."""
+    def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:
+        """The empty canvas of every line, or the one holding its constraints."""
         if constraints is None:
-            return _empty_init(B, device, self.pad)
+            return InitialCanvas.empty(B, device, self.pad)
         if not torch.is_tensor(constraints) or constraints.dim() != 2 or constraints.size(0) != B:
             raise ValueError("constraints must be fairseq's packed constraints, a (batch, length) tensor "
                              f"(fairseq.token_generation_constraints.pack_constraints); got {constraints!r}")
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, cache, init, max_len: Tensor, eos_penalty: Tensor, step: Step,
-                close_ended: bool) -> Tuple[Canvases, List[List[Dict]], int]:
-        """The insertion loop from the initial canvas ``init`` (see :meth:`_initial_canvas`):
-        predict, choose, insert, stop, with finished sentences leaving the batch.
+    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, step: Step,
+                close_ended: bool, retain_history: bool) -> DecodeResult:
+        """The insertion loop from ``init``: predict, choose, insert, stop, with finished
+        sentences leaving the batch.
 
         Closed slots never receive an insertion and count as finished (as if
-        they chose end-of-slot). Returns the final canvases of all B sentences
-        (in batch order), the history and the number of forward passes.
+        they chose end-of-slot). Returns the final canvases of all B rows (in
+        batch order) and the number of forward passes.
         """
-        tokens, lengths = init[0], init[1].clone()
-        B, K, device = tokens.size(0), tokens.size(1), tokens.device
-        zeros = torch.zeros(B, device=device)
-        state = Canvases(torch.arange(B, device=device), tokens, torch.zeros(tokens.shape, device=device), init[2],
-                         init[3], lengths, torch.zeros(B, dtype=torch.long, device=device), zeros, max_len,
-                         eos_penalty)
+        state = Canvases.start(init, max_len, eos_penalty, retain_history)
+        B, K = state.tokens.shape
+        lengths = state.lengths
         closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
         start = (max_len > lengths) & (C.slot_mask(lengths, K + 1) & ~closed).any(1)  # (B,)
         width, room, n_active, started_width = (torch.stack([
             max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum(), (lengths * start).max()]).tolist()
             if B else (0, 0, 0, 0))
-        out = _widened(state, max(width, K), self.pad)  # the result, filled in as sentences finish
-        max_iter = self.max_iterations or room
-        history: List[List[Dict]] = [[] for _ in range(B)]
+        out = state.widened(max(width, K), self.pad)  # the result, filled in as sentences finish
+        max_iter = self.config.max_iterations or room
         state, cache = self._keep(model, state, cache, start, n_active, started_width)
         passes = 0
         for _ in range(max_iter + 1):
@@ -312,16 +233,17 @@ class InsertionGenerator:
             choice = step(scores, state.max_len - state.lengths, self.eos)
             passes += 1
             before = state.lengths
-            state, keep, n_keep, kept_width = self._insert(state, scores, choice, max_iter, close_ended)
-            if self.retain_history:
-                self._record(history, state, state.lengths > before)
-            if n_keep < n_active:
-                _store(out, state.take(keep.long().argsort(stable=True)[:n_active - n_keep]))  # the finished rows
-                state, cache = self._keep(model, state, cache, keep, n_keep, kept_width)
-            n_active = n_keep
+            after = self._insert(state, scores, choice, max_iter, close_ended)
+            state = after.state
+            if state.history is not None:
+                self._record(state, state.lengths > before)
+            if after.n_keep < n_active:
+                out.store(state.take(after.keep.long().argsort(stable=True)[:n_active - after.n_keep]))  # finished
+                state, cache = self._keep(model, state, cache, after.keep, after.n_keep, after.kept_width)
+            n_active = after.n_keep
         if n_active:
-            _store(out, state)
-        return out, history, passes
+            out.store(state)
+        return DecodeResult(canvases=out, passes=passes)
 
     def _keep(self, model, state: Canvases, cache, keep: Tensor, n_keep: int,
               width: int) -> Tuple[Canvases, object]:
@@ -330,10 +252,7 @@ class InsertionGenerator:
         if n_keep == keep.numel():
             return state, cache
         idx = keep.long().argsort(descending=True, stable=True)[:n_keep]  # kept rows first, in order
-        state = state.take(idx)
-        state = state._replace(tokens=state.tokens[:, :width], scores=state.scores[:, :width],
-                               closed_before=state.closed_before[:, :width])
-        return state, model.reorder_decoding_cache(cache, idx)
+        return state.take(idx).trimmed(width), model.reorder_decoding_cache(cache, idx)
 
     def _predict(self, model, state: Canvases, cache) -> SlotScores:
         """One forward pass: the best token and its log p(c | l) for every open slot.
@@ -342,6 +261,7 @@ class InsertionGenerator:
         log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
         (except for greedy sequence finalization, which needs the whole table).
         """
+        cfg = self.config
         framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.size(0), framed.size(1) - 1
         closed = C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
@@ -349,12 +269,12 @@ class InsertionGenerator:
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
         lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
         eos_lp = content[:, self.eos] - lse  # (N,)
-        if self.block_neighbour_copies or self.no_repeat_ngram_size:
-            blocked = C.repeated_tokens(framed, self.no_repeat_ngram_size, self.block_neighbour_copies,
+        if cfg.block_neighbour_copies or cfg.no_repeat_ngram_size:
+            blocked = C.repeated_tokens(framed, cfg.no_repeat_ngram_size, cfg.block_neighbour_copies,
                                         (self.bos, self.eos), self.pad)  # (A, S, M), pad: nothing
             content.scatter_(1, blocked[open_], float("-inf"))  # pad is -inf below anyway
-        if len(self.eos_penalties) == 1:
-            content[:, self.eos] -= self.eos_penalties[0]
+        if len(cfg.betas) == 1:
+            content[:, self.eos] -= cfg.betas[0]
         else:  # each slot its row's beta
             content[:, self.eos] -= state.eos_penalty.unsqueeze(1).expand(A, S)[open_]
         content[:, self.bos] = float("-inf")
@@ -364,19 +284,19 @@ class InsertionGenerator:
         log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
         eos_joint = location.new_full((A, S), float("-inf")).masked_scatter(open_, eos_lp) + location  # (A, S)
         full = None
-        if self.decoding == "greedy" and model.termination == "sequence":
+        if cfg.decoding == "greedy" and _termination(model) == "sequence":
             full = content.new_full((A, S, content.size(-1)), float("-inf"))
             full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
             final_eos = eos_joint.max(1).values  # the end-of-sequence decision: its best (slot, eos)
         else:  # every slot that chose end-of-slot
             final_eos = eos_joint.masked_fill(~(open_ & tokens.eq(self.eos)), 0.0).sum(1)
-        return SlotScores(open_, tokens, log_probs, location, final_eos, full)
+        return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos,
+                          content=full)
 
     def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
-                close_ended: bool) -> Tuple[Canvases, Tensor, int, int]:
-        """Apply one step's insertions to every per-token tensor; say which sentences go on.
-        Returns the new state, keep (A,), the number kept and their longest canvas (this
-        pass's one host sync)."""
+                close_ended: bool) -> Pass:
+        """Apply one step's insertions to every per-token tensor; say which sentences go on
+        (this pass's one host sync)."""
         new_len = state.lengths + choice.mask.sum(1)  # (A,)
         inserted = choice.mask.any(1)
         iterations = state.iterations + inserted.long()
@@ -390,19 +310,18 @@ class InsertionGenerator:
             closed_end = closed_end | ended.gather(1, state.lengths.unsqueeze(1)).squeeze(1)
             closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
         # an inserted token opens the slots on both its sides: the slot before it is open
-        new = Canvases(
-            state.rows,
-            C.place(dest, state.tokens, choice.tokens, width, self.pad),
-            C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
-            C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
-            closed_end, new_len, iterations, scores.final_eos, state.max_len, state.eos_penalty,
+        new = state._replace(
+            tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
+            scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
+            closed_before=C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
+            closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos,
         )
-        return new, keep, n_keep, kept_width
+        return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
 
-    def _record(self, history: List[List[Dict]], state: Canvases, inserted: Tensor) -> None:
+    def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""
         for i in inserted.nonzero().flatten().tolist():
-            history[int(state.rows[i])].append(
+            state.history[int(state.rows[i])].append(
                 self._hypo(state.tokens[i], state.scores[i], state.lengths[i], state.iterations[i], 0.0))
 
     # -------------------------------------------------------------- helpers
@@ -436,7 +355,7 @@ class InsertionGenerator:
         log_prob = positional.sum()
         return {
             "tokens": tokens,
-            "score": log_prob / (n + 1) ** self.lenpen,
+            "score": log_prob / (n + 1) ** self.config.lenpen,
             "log_prob": log_prob,
             "positional_scores": positional,
             "steps": int(steps),
@@ -448,53 +367,36 @@ class InsertionGenerator:
         s = self.stats
         s["sentences"] += lengths.numel()
         s["iterations"] += int(iterations.sum())
-        powers = 2 ** torch.arange(32, device=lengths.device)  # floor(log2 n)+1 = #{j : 2^j <= n}
-        s["log2_bound"] += int((lengths.unsqueeze(1) >= powers).sum())
+        s["log2_bound"] += int(C.log2_bound(lengths).sum())
         s["tokens"] += int(lengths.sum())
         s["forward_passes"] += passes
         s["batches"] += 1
 
     def summary(self) -> str:
-        s = self.stats
-        n = max(s["sentences"], 1)
-        return (
-            f"insertion decoding ({self.decoding}): {s['sentences']} sentences, "
-            f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
-            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['forward_passes']} "
-            f"({s['forward_passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
-        )
+        return _summary(self.config.decoding, self.stats)
 
 
-def log2_bound(n: int) -> int:
-    """floor(log2 n) + 1: iterations of a perfect binary-tree decode (0 for n = 0)."""
-    return int(math.floor(math.log2(n))) + 1 if n > 0 else 0
+def _summary(decoding: str, s: Dict[str, int]) -> str:
+    n = max(s["sentences"], 1)
+    return (
+        f"insertion decoding ({decoding}): {s['sentences']} sentences, "
+        f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
+        f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['forward_passes']} "
+        f"({s['forward_passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
+    )
 
 
-def _cap(insert: Tensor, score: Tensor, room: Tensor) -> Tensor:
-    """Keep at most ``room`` insertions per row, the highest-scoring ones. (A, S)."""
-    rank = score.masked_fill(~insert, float("-inf")).argsort(1, descending=True).argsort(1)
-    return insert & (rank < room.unsqueeze(1))
+def _log_summary(decoding: str, stats: Dict[str, int]) -> None:
+    if stats["sentences"]:
+        logger.info(_summary(decoding, stats))
 
 
-def _one_hot_argmax(x: Tensor) -> Tensor:
-    return torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.argmax(1, keepdim=True), True)
+def _termination(model) -> str:
+    """How the model was trained to stop: ``slot`` or ``sequence`` finalization."""
+    return model.termination
 
 
-def _empty_init(B: int, device, pad: int) -> Tuple[Tensor, ...]:
-    """The unconstrained start: an empty canvas, every slot open."""
-    long0 = torch.zeros(B, 0, dtype=torch.long, device=device)
-    no = torch.zeros(B, dtype=torch.bool, device=device)
-    return long0 + pad, torch.zeros(B, dtype=torch.long, device=device), long0.bool(), no, long0
-
-
-def _drop_rows(init: Tuple[Tensor, ...], rows: Tensor, pad: int) -> Tuple[Tensor, ...]:
-    """Empty the initial canvas of ``rows`` (B,)."""
-    canvas, lengths, closed_before, closed_end, segment = init
-    r = rows.unsqueeze(1)
-    return canvas.masked_fill(r, pad), lengths.masked_fill(rows, 0), closed_before & ~r, closed_end & ~rows, segment
-
-
-def _reorder_constraints(init: Tuple[Tensor, ...], hyp: Tensor, hyp_lengths: Tensor) -> Tuple[Tensor, ...]:
+def _reorder_constraints(init: InitialCanvas, hyp: Tensor, hyp_lengths: Tensor) -> InitialCanvas:
     """``unordered``: sort each line's constraints by the first occurrence of
     their first token in ``hyp`` (B, T), the unconstrained translation.
     Lines whose first or last slot is closed (an anchored template) keep the
@@ -510,48 +412,10 @@ def _reorder_constraints(init: Tuple[Tensor, ...], hyp: Tensor, hyp_lengths: Ten
     anchored = (closed_before[:, 0] if K else closed_end) | closed_end
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
     perm = C.order_segments(segment, lengths, key)  # (B, K)
-    return canvas.gather(1, perm), lengths, closed_before.gather(1, perm), closed_end, segment.gather(1, perm)
-
-
-def _widened(state: Canvases, width: int, pad: int) -> Canvases:
-    """A copy of ``state`` whose per-token tensors are ``width`` wide (the result buffer)."""
-    return Canvases(state.rows, _widen(state.tokens, width, pad).clone(), _widen(state.scores, width, 0.0).clone(),
-                    state.closed_before, state.closed_end, state.lengths.clone(), state.iterations.clone(),
-                    state.final_eos.clone(), state.max_len, state.eos_penalty)
+    return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
+                         segment=segment.gather(1, perm))
 
 
 def _candidates(rows: List[Dict], key: str) -> List[Dict]:
     """One sentence's candidates (one per EOS penalty), best ``key`` first; ties keep the given order."""
     return sorted(rows, key=lambda h: -float(h[key]))
-
-
-def _store(out: Canvases, done: Canvases) -> None:
-    """Write the finished canvases ``done`` into the batch result ``out`` at their rows."""
-    W, r = done.tokens.size(1), done.rows
-    out.tokens[r, :W] = done.tokens
-    out.scores[r, :W] = done.scores
-    out.lengths[r] = done.lengths
-    out.iterations[r] = done.iterations
-    out.final_eos[r] = done.final_eos
-
-
-def _widen(x: Tensor, width: int, value) -> Tensor:
-    if x.size(1) >= width:
-        return x
-    return torch.nn.functional.pad(x, (0, width - x.size(1)), value=value)
-
-
-# one summary line per generator when the process ends (fairseq-generate and
-# fairseq-interactive give the task no end-of-run hook)
-_generators: List[InsertionGenerator] = []
-
-
-def _track(gen: InsertionGenerator) -> None:
-    _generators.append(gen)
-
-
-@atexit.register
-def _log_summaries() -> None:
-    for gen in _generators:
-        if gen.stats["sentences"]:
-            logger.info(gen.summary())

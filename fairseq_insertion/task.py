@@ -7,7 +7,7 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 from fairseq.data import FairseqDataset
@@ -18,35 +18,34 @@ from torch import Tensor
 
 from .checkpoints import dictionary_files, warm_start
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
-from .generator import CONSTRAINT_ORDERS, DECODINGS, InsertionGenerator
+from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig
+from .generator import InsertionGenerator
 from .model import InsertionTransformerModel
 from .precision import PRECISIONS, for_decoding
 from .rerank import AutoregressiveScorer
 
 logger = logging.getLogger(__name__)
 
-
-# repeated n-grams blocked by default: on Multi30k (the kit's warm-started model, 600 updates, valid, beta 2)
-# n = 3 removed every sentence over 2 x its floor(log2 n)+1 + 2 iterations at no cost in BLEU
-DEFAULT_REPEAT_NGRAM = 3
+DEFAULTS = DecodingConfig()  # every decoding default lives there
 
 
 @dataclass
 class InsertionTranslationConfig(TranslationConfig):
     decoding: ChoiceEnum(list(DECODINGS)) = field(  # type: ignore[valid-type]
-        default="parallel",
+        default=DEFAULTS.decoding,
         metadata={"help": "parallel: insert into every slot whose argmax is not end-of-slot; greedy: one "
                   "insertion per step (paper: Inference)"},
     )
     eos_penalty: float = field(
-        default=0.0,
-        metadata={"help": "beta, subtracted from the end-of-slot/sequence log-probability when decoding"},
+        default=DEFAULTS.eos_penalty,
+        metadata={"help": "beta, subtracted from the end-of-slot/sequence log-probability when decoding (choose "
+                  "it on valid: the best beta depends on the model)"},
     )
     max_iterations: int = field(
-        default=0,
+        default=DEFAULTS.max_iterations,
         metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
                   "min(max_len_a * src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 "
-                  "become 2 x src_len + 10)"},
+                  "become %g x src_len + %d)" % (DEFAULTS.max_len_a, DEFAULTS.max_len_b)},
     )
     eos_penalties: Optional[str] = field(
         default=None,
@@ -60,24 +59,20 @@ class InsertionTranslationConfig(TranslationConfig):
                   "distillation teacher): choose among the --eos-penalties candidates by its length-normalised "
                   "log p(y | x), one teacher-forced batch per batch of sentences"},
     )
-    allow_neighbour_copies: bool = field(
-        default=False,
-        metadata={"help": "let a slot insert a copy of either neighbour token; by default it may not (parallel "
-                  "decoding otherwise grows runs like 'vor vor vor ...')"},
-    )
-    repeat_ngram_block: int = field(
-        default=DEFAULT_REPEAT_NGRAM,
-        metadata={"help": "no insertion may make an n-gram of the canvas of this size occur twice (0: off); "
-                  "fairseq's --no-repeat-ngram-size, when given, takes precedence"},
+    block_neighbour_copies: bool = field(
+        default=DEFAULTS.block_neighbour_copies,
+        metadata={"help": "a slot never inserts a copy of either neighbour token (parallel decoding of an "
+                  "undertrained model otherwise grows runs like 'vor vor vor ...'); fairseq's --no-repeat-ngram-size "
+                  "N adds an n-gram rule. Both off by default: some outputs legitimately repeat a token"},
     )
     close_ended_slots: bool = field(
-        default=False,
+        default=DEFAULTS.close_ended_slots,
         metadata={"help": "a slot whose best token is end-of-slot stays closed for the rest of the decode, so "
                   "later passes score only the open slots (models trained with slot finalization; can change "
                   "the output)"},
     )
     decode_precision: ChoiceEnum(list(PRECISIONS)) = field(  # type: ignore[valid-type]
-        default="fp32",
+        default=DEFAULTS.precision,
         metadata={"help": "convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
                   "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the "
                   "same conversion applies to --rerank-with's model and to an autoregressive transformer decoded "
@@ -99,6 +94,7 @@ class InsertionTranslationTask(TranslationTask):
 
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
+        DecodingConfig.from_options(cfg)  # a decoding option that means nothing is refused before any work
         # --constraints-file, read here; build_generator checks it against the test set
         self.constraints_file = ConstraintsFile(cfg.constraints_file) if cfg.constraints_file else None
         self.text_encoders = TextEncoders()  # filled by build_tokenizer/build_bpe
@@ -138,18 +134,10 @@ class InsertionTranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
+        """The insertion generator for ``args`` (fairseq's generation options, or the hub's keywords) and
+        this task's options, through one :class:`DecodingConfig`; an autoregressive transformer gets
+        fairseq's own generator at the same ``--decode-precision``."""
         _tolerate_invalid_utf8_stdin()
-        precision = str(self.cfg.decode_precision)
-        for model in models:  # (fairseq's make_generation_fast_ makes model.eval() return None: no chaining)
-            model.eval()
-            for_decoding(model, precision)
-        if not all(isinstance(m, InsertionTransformerModel) for m in models):
-            if any(isinstance(m, InsertionTransformerModel) for m in models):
-                raise ValueError("an ensemble of insertion and autoregressive models cannot be decoded together")
-            # an autoregressive transformer (e.g. the teacher, timed beside the insertion model at the same
-            # --decode-precision): fairseq's own generator
-            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
-                                           prefix_allowed_tokens_fn)
         constraint_order = getattr(args, "constraints", None)
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
@@ -157,37 +145,26 @@ class InsertionTranslationTask(TranslationTask):
                              "interface, fairseq_insertion.hub."
                              "from_pretrained(...) or InsertionHubInterface.from_hub(hub); "
                              f"got constraints={constraint_order!r}")
+        config = DecodingConfig.from_options(self.cfg, args)
+        for model in models:  # (fairseq's make_generation_fast_ makes model.eval() return None: no chaining)
+            model.eval()
+            for_decoding(model, config.precision)
+        if not all(isinstance(m, InsertionTransformerModel) for m in models):
+            if any(isinstance(m, InsertionTransformerModel) for m in models):
+                raise ValueError("an ensemble of insertion and autoregressive models cannot be decoded together")
+            # an autoregressive transformer (e.g. the teacher, timed beside the insertion model at the same
+            # --decode-precision): fairseq's own generator
+            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
+                                           prefix_allowed_tokens_fn)
         if self.constraints_file is not None:
             self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
-        betas = parse_eos_penalties(self.cfg.eos_penalties)
         rerank = None
-        if self.cfg.rerank_with:
-            if len(betas or ()) < 2:
-                raise ValueError(f"--rerank-with {self.cfg.rerank_with} chooses among candidates: give several "
-                                 "with --eos-penalties (e.g. 0,1,2,3,4)")
+        if config.rerank_with:
             device = next(models[0].parameters()).device if models else "cpu"
-            rerank = AutoregressiveScorer.load(self.cfg.rerank_with, self.source_dictionary, self.target_dictionary,
-                                               device, lenpen=getattr(args, "lenpen", 1.0),
-                                               dictionaries=dictionary_files(self.cfg))
-            for_decoding(rerank.model, precision)
-        max_len_a, max_len_b = length_limit(getattr(args, "max_len_a", 0.0), getattr(args, "max_len_b", 200))
-        return InsertionGenerator(
-            self.target_dictionary,
-            decoding=str(self.cfg.decoding),
-            eos_penalty=self.cfg.eos_penalty,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            max_iterations=self.cfg.max_iterations,
-            retain_history=getattr(args, "retain_iter_history", False),
-            src_dict=self.source_dictionary,
-            constraint_order=constraint_order,
-            close_ended_slots=self.cfg.close_ended_slots,
-            eos_penalties=betas,
-            rerank=rerank,
-            block_neighbour_copies=not self.cfg.allow_neighbour_copies,
-            no_repeat_ngram_size=getattr(args, "no_repeat_ngram_size", 0) or self.cfg.repeat_ngram_block,
-            lenpen=getattr(args, "lenpen", 1.0),
-        )
+            rerank = AutoregressiveScorer.load(config.rerank_with, self.source_dictionary, self.target_dictionary,
+                                               device, lenpen=config.lenpen, dictionaries=dictionary_files(self.cfg))
+            for_decoding(rerank.model, config.precision)
+        return InsertionGenerator(self.target_dictionary, config, src_dict=self.source_dictionary, rerank=rerank)
 
     # --- constraints: fairseq-interactive's tab-separated ones, --constraints-file, the hub (hub.py)
     def build_tokenizer(self, args) -> ConstraintEncoder:
@@ -224,34 +201,6 @@ class InsertionTranslationTask(TranslationTask):
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
         keep_remainder_batch(dataset)
         return super().get_batch_iterator(dataset, *args, **kwargs)
-
-
-# fairseq's generation defaults (--max-len-a 0 --max-len-b 200) let a model that never
-# chooses end-of-slot insert up to 200 tokens, one pass after another; an insertion
-# decode's length is tied to the source instead (Multi30k en-de, BPE: no training
-# target exceeds 2 x source + 10, 15 of 29,000 exceed 1.2 x source + 10)
-DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B = 2.0, 10
-
-
-def parse_eos_penalties(text: Optional[str]) -> Optional[Tuple[float, ...]]:
-    """``--eos-penalties 0,1,2``: the betas, each a number (the option is named in the error)."""
-    if text is None or not str(text).strip():
-        return None
-    try:
-        return tuple(float(b) for b in str(text).split(","))
-    except ValueError:
-        raise ValueError(f"--eos-penalties takes comma-separated numbers, e.g. 0,1,2,3,4; got {text!r}") from None
-
-
-def length_limit(max_len_a: float, max_len_b: int) -> Tuple[float, int]:
-    """The insertion length limit a x source length + b: the given values, or 2 x source + 10
-    in place of fairseq's defaults (0, 200)."""
-    if (float(max_len_a), int(max_len_b)) == (0.0, 200):
-        logger.info("insertion decoding: outputs of at most %g x source length + %d tokens (in place of fairseq's "
-                    "--max-len-a 0 --max-len-b 200; set either to choose another limit)",
-                    DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B)
-        return DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
-    return float(max_len_a), int(max_len_b)
 
 
 def keep_remainder_batch(dataset: FairseqDataset) -> None:

@@ -1,5 +1,5 @@
 """A frozen copy of the insertion decoding loop as it was before the per-pass cost work
-(issue "cut the cost of each parallel pass"): the reference the optimised
+(one re-encoding of the whole canvas and a full log-softmax per pass): the reference the optimised
 :mod:`fairseq_insertion.generator` is checked against (tests/test_decoder_reference.py).
 Only the loop (``generate`` and ``_decode``) is the old code; input checks, hypothesis
 dicts and statistics are the current generator's, which the old loop shared. Not used
@@ -12,15 +12,9 @@ import torch
 from torch import Tensor
 
 from fairseq_insertion import canvas as C
-from fairseq_insertion.generator import (
-    InsertionGenerator,
-    _cap,
-    _drop_rows,
-    _empty_init,
-    _one_hot_argmax,
-    _reorder_constraints,
-    _widen,
-)
+from fairseq_insertion.canvas import InitialCanvas
+from fairseq_insertion.decoding import _cap, _one_hot_argmax, _widen
+from fairseq_insertion.generator import InsertionGenerator, _reorder_constraints
 
 
 class ReferenceInsertionGenerator(InsertionGenerator):
@@ -46,7 +40,8 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         encoder_out = model.encoder(src_tokens, src_lengths=src_lengths)
 
         limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
-        max_len = (src_lengths.float() * self.max_len_a + self.max_len_b).long().clamp(0, limit)  # (B,)
+        cfg = self.config
+        max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
         self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
@@ -57,10 +52,10 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         too_long = len0 > max_len  # (B,) constraints that do not fit: that line's output is empty
         if bool(too_long.any()):
             self._report_too_long(sample, src_tokens, too_long, len0, max_len)
-            init = _drop_rows(init, too_long, self.pad)
+            init = init.emptied(too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
-        if self.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
-            first = self._decode(model, encoder_out, _empty_init(B, device, self.pad), max_len, src_tokens)
+        if self.config.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
+            first = self._decode(model, encoder_out, InitialCanvas.empty(B, device, self.pad), max_len, src_tokens)
             init = _reorder_constraints(init, first[0], first[2])
         canvas, scores, lengths, iterations, final_eos, history, passes = self._decode(
             model, encoder_out, init, max_len, src_tokens)
@@ -68,7 +63,7 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         hypos = []
         for b in range(B):
             h = self._hypo(canvas[b], scores[b], lengths[b], iterations[b], final_eos[b])
-            if self.retain_history:
+            if self.config.retain_history:
                 h["history"] = history[b]
             hypos.append([h])
         self._update_stats(lengths, iterations, passes)
@@ -90,7 +85,7 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         S0 = canvas.size(1) + 1
         any_open = (C.slot_mask(lengths, S0) & ~C.closed_slots(closed_before, closed_end, lengths, S0)).any(1)  # (B,)
         active = torch.arange(B, device=device)[(max_len > lengths) & any_open]
-        max_iter = (self.max_iterations or int((max_len - lengths).clamp(min=0).max())) if B else 0
+        max_iter = (self.config.max_iterations or int((max_len - lengths).clamp(min=0).max())) if B else 0
         termination = getattr(model, "termination", "slot")
         history: List[List[Dict]] = [[] for _ in range(B)]
         passes = 0
@@ -106,13 +101,13 @@ class ReferenceInsertionGenerator(InsertionGenerator):
             closed = C.closed_slots(closed_before[active], closed_end[active], lengths[active], S)  # (A, S)
             slots = C.slot_mask(lengths[active], S) & ~closed  # (A, S) the open slots
             final_eos[active] = (content_lp[..., self.eos] * slots).sum(1) / slots.sum(1).clamp(min=1)
-            content_lp[..., self.eos] -= self.eos_penalty
+            content_lp[..., self.eos] -= self.config.eos_penalty
             content_lp[..., self.bos] = float("-inf")
             content_lp[..., self.pad] = float("-inf")
             best_lp, best_tok = content_lp.max(-1)  # (A, S) per-slot argmax of p(c | l)
             open_ = slots & best_tok.ne(self.eos)
             room = max_len[active] - lengths[active]  # (A,)
-            if self.decoding == "parallel":
+            if self.config.decoding == "parallel":
                 insert = _cap(open_, best_lp, room)
             elif termination == "slot":
                 joint = (best_lp + location_lp).masked_fill(~open_, float("-inf"))  # restrict to open slots
@@ -140,7 +135,7 @@ class ReferenceInsertionGenerator(InsertionGenerator):
             closed_before[active] = _widen(new_closed, width, False)
             lengths[active] = new_len
             iterations[active] += inserted.long()
-            if self.retain_history:
+            if self.config.retain_history:
                 for i, b in enumerate(active.tolist()):
                     if inserted[i]:
                         history[b].append(self._hypo(canvas[b], scores[b], lengths[b], iterations[b], 0.0))

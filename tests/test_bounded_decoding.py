@@ -32,7 +32,7 @@ def test_decoding_stops_within_the_bound(setup, seed, decoding, never_stop, max_
     # n real tokens plus eos (empty lines: test_bad_input.py)
     sample = random_source_batch(d, src_lengths)
     B = len(src_lengths)
-    gen = InsertionGenerator(d, decoding=decoding, max_len_b=max_len_b, max_iterations=max_iterations)
+    gen = InsertionGenerator(d, decoding=decoding, max_len_a=0, max_len_b=max_len_b, max_iterations=max_iterations)
     hypos = gen.generate([model], sample)
     limit = min(max_len_b, MAX_POSITIONS - 2)
     assert len(hypos) == B

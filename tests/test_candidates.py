@@ -119,6 +119,34 @@ def test_rerank_model_with_another_dictionary_is_refused_by_name(setup, tmp_path
                                          rf"rows, but the source dictionary {root / 'bin'}/dict.src.txt gives {n} "
                                          "entries"):
         load_scorer(teacher, task)
-    with pytest.raises(ValueError, match="--eos-penalties takes comma-separated numbers"):
+    with pytest.raises(ValueError, match=r"--eos-penalties \(eos_penalties=\) takes comma-separated numbers"):
         run_task = build_task(root / "bin", "--eos-penalties", "0,x")[0]
         run_task.build_generator([], type("A", (), {})())
+
+
+def test_the_hub_keeps_no_generator_nor_reranker_after_translate(setup):
+    """fairseq's hub builds a generator (and here the --rerank-with teacher) on every call: none of
+    them may outlive its call, however many calls there are."""
+    import gc
+
+    from fairseq.models.transformer import TransformerModel
+
+    from fairseq_insertion.hub import from_pretrained
+
+    root, teacher = setup
+    hub = from_pretrained(str(root / "ckpt"), "checkpoint_last.pt", str(root / "bin"))
+    lines = (root / "raw" / "test.src").read_text().splitlines()[:3]
+
+    def live() -> dict:
+        gc.collect()
+        objects = gc.get_objects()
+        return {"generators": sum(isinstance(o, InsertionGenerator) for o in objects),
+                "rerankers": sum(isinstance(o, AutoregressiveScorer) for o in objects),
+                "teachers": sum(type(o) is TransformerModel for o in objects)}
+
+    counts = []
+    for _ in range(4):
+        out = hub.translate(lines, eos_penalties="0,1,2", rerank_with=str(teacher))
+        assert len(out) == len(lines)
+        counts.append(live())
+    assert counts == [{"generators": 0, "rerankers": 0, "teachers": 0}] * 4

@@ -228,7 +228,8 @@ def test_tree_canvases_are_the_states_of_a_perfect_parallel_decode():
     d = make_dict()
     lengths = [1, 2, 3, 4, 5, 7, 8, 12, 16, 21, 33]
     targets = random_targets(d, lengths, seed=7)
-    hypos = InsertionGenerator(d, retain_history=True).generate([OracleModel(d, targets)], batch_for(d, targets))
+    gen = InsertionGenerator(d, retain_history=True, max_len_a=0, max_len_b=200)
+    hypos = gen.generate([OracleModel(d, targets)], batch_for(d, targets))
     levels = C.tree_levels(torch.tensor(lengths), max(lengths))
     for b, (y, [h]) in enumerate(zip(targets, hypos)):
         states = [e["tokens"][:-1].tolist() for e in h["history"]]

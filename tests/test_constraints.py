@@ -134,7 +134,7 @@ def test_constraints_over_the_length_limit_give_an_empty_line_and_an_error(caplo
     sample = batch_for(d, targets)
     sample["id"] = torch.tensor([10, 11, 12])
     with caplog.at_level(logging.ERROR):
-        hypos = InsertionGenerator(d, max_len_b=5).generate([OracleModel(d, targets)], sample,
+        hypos = InsertionGenerator(d, max_len_a=0, max_len_b=5).generate([OracleModel(d, targets)], sample,
                                                             constraints=_packed(constraints))
     assert hypos[1][0]["tokens"].tolist() == [d.eos()]  # 6 constraint tokens > 5
     assert "sentence 11: its constraints hold 6 tokens, over the length limit 5" in caplog.text
@@ -204,7 +204,7 @@ def test_every_constraint_appears_for_random_models(tiny, seed, decoding, termin
         never_end_slot(model, d)
     sample = random_source_batch(d, [n for n, _ in batch])
     cons = [cs for _, cs in batch]
-    gen = InsertionGenerator(d, decoding=decoding, max_len_b=max_len_b, constraint_order=order)
+    gen = InsertionGenerator(d, decoding=decoding, max_len_a=0, max_len_b=max_len_b, constraint_order=order)
     hypos = gen.generate([model], sample, constraints=_packed(cons))
     limit = min(max_len_b, MAX_POSITIONS - 2)
     for [h], cs in zip(hypos, cons):
@@ -216,7 +216,7 @@ def test_every_constraint_appears_for_random_models(tiny, seed, decoding, termin
                        for p in itertools.permutations(cs)), (cs, h["tokens"])
     # empty constraint lists decode exactly like no constraints
     empty = gen.generate([model], sample, constraints=_packed([[] for _ in batch]))
-    free = InsertionGenerator(d, decoding=decoding, max_len_b=max_len_b).generate([model], sample)
+    free = InsertionGenerator(d, decoding=decoding, max_len_a=0, max_len_b=max_len_b).generate([model], sample)
     for [a], [b] in zip(empty, free):
         assert a["tokens"].tolist() == b["tokens"].tolist() and a["steps"] == b["steps"]
         assert torch.equal(a["positional_scores"], b["positional_scores"])

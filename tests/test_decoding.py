@@ -2,13 +2,15 @@
 a known target, so the generator's insertion, stopping and counting rules can be
 checked exactly."""
 
+import argparse
 import math
 
 import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_insertion.generator import InsertionGenerator, log2_bound
+from fairseq_insertion.canvas import log2_bound
+from fairseq_insertion.generator import InsertionGenerator
 
 V_WORDS = 40
 
@@ -104,7 +106,8 @@ def random_targets(d, lengths, seed=0):
 
 
 def decode(model, d, targets, **kwargs):
-    gen = InsertionGenerator(d, **kwargs)
+    """The oracle's targets are longer than any source-tied limit: none unless asked for."""
+    gen = InsertionGenerator(d, **{"max_len_a": 0, "max_len_b": 200, **kwargs})
     return gen, gen.generate([model], batch_for(d, targets))
 
 
@@ -156,13 +159,12 @@ def test_decoding_is_bounded_when_the_model_never_stops(decoding):
     d = make_dict()
     targets = [[5], [6, 7]]
     model = OracleModel(d, targets, never_stop=True, max_pos=12)  # t7 everywhere: allowed to copy it
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, block_neighbour_copies=False)
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200)
     for [h] in hypos:
         assert len(h["tokens"]) - 1 == 10  # max target positions minus the two boundary markers
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=7, block_neighbour_copies=False)
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=7)
     assert all(len(h["tokens"]) - 1 == 7 for [h] in hypos)
-    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, max_iterations=2,
-                      block_neighbour_copies=False)
+    _, hypos = decode(model, d, targets, decoding=decoding, max_len_b=200, max_iterations=2)
     assert all(h["steps"] == 2 for [h] in hypos)
 
 
@@ -198,7 +200,11 @@ def test_summary_counts_the_log2_bound_exactly():
 
 
 def test_fairseq_default_length_limit_is_tied_to_the_source():
-    from fairseq_insertion.task import length_limit
+    from fairseq_insertion.decoding import DecodingConfig
 
-    assert length_limit(0, 200) == (2.0, 10)  # fairseq's defaults: 2 x source + 10 instead
-    assert length_limit(0.0, 150) == (0.0, 150) and length_limit(1.2, 10) == (1.2, 10)
+    def limit(a, b):
+        c = DecodingConfig.from_options(argparse.Namespace(), argparse.Namespace(max_len_a=a, max_len_b=b))
+        return c.max_len_a, c.max_len_b
+
+    assert limit(0, 200) == (2.0, 10)  # fairseq's defaults: 2 x source + 10 instead
+    assert limit(0.0, 150) == (0.0, 150) and limit(1.2, 10) == (1.2, 10)

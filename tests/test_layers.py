@@ -11,8 +11,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["visualize", "canvas", "precision", "constraints", "fast_decoder", "checkpoints", "hub_interface", "model",
-          "criterion", "generator", "rerank", "task", "hub", "__init__", "__main__"]
+LAYERS = ["canvas", "visualize", "precision", "decoding", "constraints", "fast_decoder", "checkpoints",
+          "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "__init__", "__main__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:

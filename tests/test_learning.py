@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from fairseq_insertion.generator import log2_bound
+from fairseq_insertion.canvas import log2_bound
 from tests.utils import generate_args, parse_generate, preprocess, run, train_args, write_reverse_corpus
 
 UPDATES = 1200

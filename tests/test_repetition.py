@@ -68,13 +68,13 @@ def _neighbour_copies(tokens):
 @pytest.mark.parametrize("decoding", ["parallel", "greedy"])
 def test_a_model_that_always_wants_one_token_inserts_it_once(decoding):
     """Every slot's best token is t7: unblocked, the canvas fills with t7 up to the length limit; with the
-    default rule, t7 goes in once and every later slot ends (end-of-slot beats the other tokens)."""
+    neighbour rule, t7 goes in once and every later slot ends (end-of-slot beats the other tokens)."""
     d = make_dict()
     targets = random_targets(d, [5, 9], seed=2)
     t7 = d.index("t7")
-    free = InsertionGenerator(d, decoding=decoding, block_neighbour_copies=False, max_len_b=12).generate(
+    free = InsertionGenerator(d, decoding=decoding, max_len_a=0, max_len_b=12).generate(  # the default: no rule
         [OracleModel(d, targets, never_stop=True)], batch_for(d, targets))
-    ruled = InsertionGenerator(d, decoding=decoding, max_len_b=12).generate(
+    ruled = InsertionGenerator(d, decoding=decoding, block_neighbour_copies=True, max_len_a=0, max_len_b=12).generate(
         [OracleModel(d, targets, never_stop=True)], batch_for(d, targets))
     for [f], [r] in zip(free, ruled):
         assert f["tokens"][:-1].tolist() == [t7] * 12
@@ -109,14 +109,15 @@ def test_decodes_never_copy_a_neighbour_nor_repeat_an_ngram(decoding, constraine
     if constrained:  # distinct tokens from the middle of each target
         constraints = pack_constraints([[torch.tensor(y[len(y) // 2:len(y) // 2 + 2])] for y in targets])
     sample = batch_for(d, targets)
-    free = InsertionGenerator(d, decoding=decoding, block_neighbour_copies=False, max_len_b=16).generate(
+    free = InsertionGenerator(d, decoding=decoding, max_len_a=0, max_len_b=16).generate(  # the default: no rule
         [_Repeater(d, targets)], sample, constraints=constraints)
     assert sum(_neighbour_copies(h["tokens"][:-1].tolist()) for [h] in free) > 0  # the model does copy
-    ruled = InsertionGenerator(d, decoding=decoding, max_len_b=16).generate(
+    ruled = InsertionGenerator(d, decoding=decoding, block_neighbour_copies=True, max_len_a=0, max_len_b=16).generate(
         [_Repeater(d, targets)], sample, constraints=constraints)
     for [h] in ruled:
         assert _neighbour_copies(h["tokens"][:-1].tolist()) == 0, h["tokens"]
-    both = InsertionGenerator(d, decoding=decoding, no_repeat_ngram_size=2, max_len_b=16).generate(
+    both = InsertionGenerator(d, decoding=decoding, block_neighbour_copies=True, no_repeat_ngram_size=2,
+                              max_len_a=0, max_len_b=16).generate(
         [_Repeater(d, targets)], sample, constraints=constraints)
     repeats = {}
     for name, hypos in (("free", free), ("both", both)):
@@ -136,5 +137,5 @@ def test_decodes_never_copy_a_neighbour_nor_repeat_an_ngram(decoding, constraine
 
 
 def test_bad_ngram_size_is_refused():
-    with pytest.raises(ValueError, match="--no-repeat-ngram-size must be 0 .off. or >= 2, got 1"):
+    with pytest.raises(ValueError, match=r"--no-repeat-ngram-size \(no_repeat_ngram_size=\) must be 0 \(off\) or >= 2"):
         InsertionGenerator(make_dict(), no_repeat_ngram_size=1)
