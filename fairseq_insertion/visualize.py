@@ -31,9 +31,9 @@ its tokens are matched left to right, each to the leftmost token of this row
 that equals it and lies after the previous match, and the tokens left unmatched
 are the new ones. When a token repeats, this takes the leftmost copy as the old
 one. It is the true alignment whenever no slot inserted a copy of the token to
-its right, which the decoder's default rule (a slot never inserts a copy of either
-neighbour; ``--allow-neighbour-copies`` lifts it) guarantees; with that flag, of
-two equal adjacent tokens the right one may be drawn as the new one.
+its right, which the decoder's ``--block-neighbour-copies`` rule (a slot never
+inserts a copy of either neighbour) guarantees; without it, of two equal adjacent
+tokens the right one may be drawn as the new one.
 
 This module imports nothing from the plugin, nor torch or fairseq; matplotlib
 only for PNG, when asked.
