@@ -1,9 +1,11 @@
-"""Profile insertion decoding: the current loop, and with ``--reference`` the frozen copy of
-the loop before the per-pass work (``tests/reference_generator.py``), on the same checkpoint,
-sentences and settings, one after the other in one process.
+"""Profile insertion decoding: the current loop, and with ``--reference MODULE:CLASS`` another
+generator class (the tests' frozen copy of the loop before the per-pass work,
+``tests.reference_generator:ReferenceInsertionGenerator``), on the same checkpoint, sentences and
+settings, one after the other in one process.
 
     python -m benchmarks.profile_decode --checkpoint CKPT --data DATA-BIN --sentences 100 \\
-        --batch-size 1 --eos-penalty 2 --max-len-a 1.2 --max-len-b 10 --reference --out profile.json
+        --batch-size 1 --eos-penalty 2 --max-len-a 1.2 --max-len-b 10 --out profile.json \\
+        --reference tests.reference_generator:ReferenceInsertionGenerator
 
 Reports per loop: seconds, forward passes, aten ops per pass, the share of CPU time spent in
 the vocabulary projection (``decoder.output_layer``) and the top ops by self CPU time, all under
@@ -15,6 +17,7 @@ loop, encoder excluded) and per model pass (``decode_slots`` alone), and in the 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import time
 from pathlib import Path
@@ -138,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as --decode-precision")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--top", type=int, default=10, help="how many ops to list")
-    parser.add_argument("--reference", action="store_true",
-                        help="also profile tests/reference_generator.py, the loop before the per-pass work")
+    parser.add_argument("--reference", default=None, metavar="MODULE:CLASS",
+                        help="also profile this generator class (importable from the working directory), e.g. "
+                             "tests.reference_generator:ReferenceInsertionGenerator, the loop before the per-pass work")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
     args = parser.parse_args(argv)
     if args.threads:
@@ -164,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
               "current": run(generator, model, samples, args.top)}
     result["current"]["unprofiled"] = timed(generator, model, samples, encoder, passes)
     if args.reference:
-        from tests.reference_generator import ReferenceInsertionGenerator
-
+        module, _, name = args.reference.partition(":")
+        reference_class = getattr(importlib.import_module(module), name)
         kwargs.update(block_neighbour_copies=False, no_repeat_ngram_size=0)  # the reference loop has no such rules
-        reference = ReferenceInsertionGenerator(task.target_dictionary, **kwargs)
+        reference = reference_class(task.target_dictionary, **kwargs)
         result["reference"] = run(reference, model, samples, args.top)
         result["reference"]["unprofiled"] = timed(reference, model, samples, encoder, passes)
         result["speedup"] = round(result["reference"]["seconds"] / result["current"]["seconds"], 3)
