@@ -38,6 +38,7 @@ FLAGS = {
     "block_neighbour_copies": "--block-neighbour-copies", "no_repeat_ngram_size": "--no-repeat-ngram-size",
     "close_ended_slots": "--close-ended-slots", "constraint_order": "--constraints", "lenpen": "--lenpen",
     "retain_history": "--retain-iter-history", "precision": "--decode-precision", "rerank_with": "--rerank-with",
+    "rerank_weight": "--rerank-weight",
 }
 
 
@@ -67,6 +68,8 @@ class DecodingConfig:
     retain_history: keep every intermediate canvas (``--retain-iter-history``).
     precision: ``fp32``, ``bf16`` or ``int8`` (CPU) for every model the decode uses.
     rerank_with: a fairseq transformer checkpoint that chooses among the candidates.
+    rerank_weight: lambda: with ``rerank_with``, a candidate's score is the reranker's
+    length-normalised log-probability + lambda x the model's own (normalised) score.
     """
 
     decoding: str = "parallel"
@@ -83,6 +86,7 @@ class DecodingConfig:
     retain_history: bool = False
     precision: str = "fp32"
     rerank_with: Optional[str] = None
+    rerank_weight: float = 0.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -96,6 +100,7 @@ class DecodingConfig:
         set_(self, "max_iterations", _integer(self, "max_iterations", minimum=0))
         set_(self, "no_repeat_ngram_size", _integer(self, "no_repeat_ngram_size", minimum=0))
         set_(self, "lenpen", _number(self, "lenpen"))
+        set_(self, "rerank_weight", _number(self, "rerank_weight"))
         for name in ("block_neighbour_copies", "close_ended_slots", "retain_history"):
             set_(self, name, _flag(self, name))
         if self.no_repeat_ngram_size == 1:
@@ -150,6 +155,7 @@ class DecodingConfig:
             retain_history=get("retain_iter_history", d.retain_history),
             precision=str(get("decode_precision", d.precision)),
             rerank_with=get("rerank_with") or None,
+            rerank_weight=get("rerank_weight", d.rerank_weight),
         )
 
 

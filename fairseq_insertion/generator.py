@@ -48,7 +48,8 @@ __all__ = ["CONSTRAINT_ORDERS", "DECODINGS", "CandidateScorer", "DecodeResult", 
 class CandidateScorer(Protocol):
     """Scores candidate translations, e.g. :class:`fairseq_insertion.rerank.AutoregressiveScorer`."""
 
-    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor]) -> Tensor: ...
+    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor], per_source: int) -> Tensor:
+        """(B x per_source,) scores of the candidates, those of source b at rows b * per_source ..."""
 
 
 class DecodeResult(NamedTuple):
@@ -74,12 +75,15 @@ class InsertionGenerator:
     its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)``
     is ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 
-    Candidates: with ``eos_penalties``, every sentence is decoded under each
-    beta in one batch, and its candidates (one per beta, ``eos_penalty`` says
+    Candidates: with ``eos_penalties``, every sentence is encoded once and
+    decoded under each beta in one batch (a candidate leaves the batch as soon
+    as it finishes), and its candidates (one per beta, ``eos_penalty`` says
     which) are returned best first (fairseq's ``--nbest`` prints the first
-    k): by the model's own score (``score``), or by ``rerank``'s score when
-    given (an autoregressive model, one teacher-forced batch for all
-    candidates; stored as ``rerank_score``).
+    k): by the model's own score (``score``), or when ``rerank`` is given (an
+    autoregressive model, one teacher-forced batch for all candidates, each
+    source encoded once) by ``rerank_score = teacher_score + rerank_weight *
+    score``, ``teacher_score`` being the reranker's length-normalised
+    log-probability.
 
     Scores. A hypothesis's ``positional_scores`` are the log-probability of
     the decode that made it: for each token, log p(c, l) = log p(l) +
@@ -186,10 +190,11 @@ class InsertionGenerator:
             if out.history is not None:
                 h["history"] = out.history[r]
             rows.append(h)
-        if self.rerank is not None:
-            src = src_tokens.repeat_interleave(n, 0), src_lengths.repeat_interleave(n, 0)
-            for h, s in zip(rows, self.rerank.score(*src, [h["tokens"] for h in rows]).tolist()):
-                h["rerank_score"] = s
+        if self.rerank is not None:  # one teacher-forced pass over every candidate, each source encoded once
+            teacher = self.rerank.score(src_tokens, src_lengths, [h["tokens"] for h in rows], n).tolist()
+            for h, t in zip(rows, teacher):
+                h["teacher_score"] = t
+                h["rerank_score"] = t + cfg.rerank_weight * float(h["score"])
         hypos = [_candidates(rows[b * n:(b + 1) * n], "rerank_score" if self.rerank else "score") for b in range(B)]
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
                            torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes)

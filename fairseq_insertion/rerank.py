@@ -3,10 +3,10 @@
 of fairseq's ``--iter-decode-with-external-reranker``.
 
 The candidates of a batch (each sentence decoded under several EOS penalties,
-``--eos-penalties``) are scored in one teacher-forced forward pass; a
-candidate's score is its length-normalised log-probability
-``log p(y | x) / (n + 1) ** lenpen`` (the ``n`` tokens and end-of-sentence;
-fairseq's ``--lenpen``, default 1: the mean token log-probability).
+``--eos-penalties``) are scored in one teacher-forced forward pass, on one
+encoder output per source sentence; a candidate's score is its length-normalised
+log-probability ``log p(y | x) / (n + 1) ** lenpen`` (the ``n`` tokens and
+end-of-sentence; fairseq's ``--lenpen``, default 1: the mean token log-probability).
 """
 
 from __future__ import annotations
@@ -48,15 +48,22 @@ class AutoregressiveScorer:
         return cls(model.to(device), tgt_dict.pad(), tgt_dict.eos(), lenpen)
 
     @torch.no_grad()
-    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor]) -> Tensor:
-        """src_tokens: (N, S) the source of each candidate (left-padded, as fairseq batches
-        it); hyps: N token tensors, each ending with eos. Returns (N,) scores, one
-        teacher-forced forward pass for all of them."""
+    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor], per_source: int = 1) -> Tensor:
+        """src_tokens: (B, S) the source sentences (left-padded, as fairseq batches them);
+        hyps: B x ``per_source`` token tensors, each ending with eos, those of source b at
+        rows b * per_source ... Returns (B x per_source,) scores: the encoder runs once per
+        source, the decoder once, teacher-forced, for all candidates."""
         target = torch.nn.utils.rnn.pad_sequence(hyps, batch_first=True, padding_value=self.pad)  # (N, T)
         target = target.to(src_tokens.device)
+        if target.size(0) != src_tokens.size(0) * per_source:
+            raise ValueError(f"{target.size(0)} candidates for {src_tokens.size(0)} sources x {per_source} each")
         prev = torch.cat([target.new_full((target.size(0), 1), self.eos), target[:, :-1]], 1)  # eos, y_1 .. y_n
         prev = prev.masked_fill(target.eq(self.pad), self.pad)
-        lprobs = self.model.get_normalized_probs(self.model(src_tokens, src_lengths, prev), log_probs=True)
+        encoder_out = self.model.encoder(src_tokens, src_lengths=src_lengths)
+        if per_source > 1:
+            order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat_interleave(per_source)
+            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, order)
+        lprobs = self.model.get_normalized_probs(self.model.decoder(prev, encoder_out=encoder_out), log_probs=True)
         real = target.ne(self.pad)  # (N, T)
         tok = lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)  # (N, T)
         return tok.sum(1) / real.sum(1).clamp(min=1).float() ** self.lenpen

@@ -59,6 +59,11 @@ class InsertionTranslationConfig(TranslationConfig):
                   "distillation teacher): choose among the --eos-penalties candidates by its length-normalised "
                   "log p(y | x), one teacher-forced batch per batch of sentences"},
     )
+    rerank_weight: float = field(
+        default=DEFAULTS.rerank_weight,
+        metadata={"help": "lambda: with --rerank-with, a candidate's score is the reranker's length-normalised "
+                  "log-probability + lambda x the insertion model's own score (choose it on valid)"},
+    )
     block_neighbour_copies: bool = field(
         default=DEFAULTS.block_neighbour_copies,
         metadata={"help": "a slot never inserts a copy of either neighbour token (parallel decoding of an "

@@ -41,8 +41,8 @@ class _ShortestFirst:
     def __init__(self):
         self.calls = []
 
-    def score(self, src_tokens, src_lengths, hyps):
-        self.calls.append((src_tokens.size(0), len(hyps)))
+    def score(self, src_tokens, src_lengths, hyps, per_source):
+        self.calls.append((src_tokens.size(0), len(hyps), per_source))
         return -torch.tensor([float(len(h)) for h in hyps])
 
 
@@ -52,7 +52,7 @@ def test_rerank_chooses_the_candidate_the_scorer_likes_best_in_one_call():
     scorer = _ShortestFirst()
     hypos = InsertionGenerator(d, eos_penalties=BETAS, rerank=scorer).generate(
         [OracleModel(d, targets, eos_bonus=1.5)], batch_for(d, targets))
-    assert scorer.calls == [(len(targets) * len(BETAS), len(targets) * len(BETAS))]  # one batch
+    assert scorer.calls == [(len(targets), len(targets) * len(BETAS), len(BETAS))]  # one batch, sources once
     for cands in hypos:
         assert [h["rerank_score"] for h in cands] == sorted((h["rerank_score"] for h in cands), reverse=True)
         assert cands[0]["tokens"].tolist() == [d.eos()]  # the shortest: the empty output of beta 0
@@ -84,6 +84,61 @@ def test_transformer_score_equals_fairseqs_sequence_scorer(setup):
     theirs = SequenceScorer(task.target_dictionary).generate([scorer.model], sample)
     want = torch.tensor([h[0]["positional_scores"].mean().item() for h in theirs])
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+
+
+def _trained(setup):
+    from fairseq import checkpoint_utils
+
+    root, teacher = setup
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(root / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(root / "bin")})
+    task.load_dataset("test")
+    sample = next(iter(task.get_batch_iterator(task.dataset("test"), max_sentences=12).next_epoch_itr(shuffle=False)))
+    return models[0].eval(), task, sample, teacher
+
+
+def test_candidates_from_one_encoder_output_equal_each_beta_decoded_alone(setup):
+    """A trained model: the candidates of a batch (each source encoded once, its encoder output expanded
+    to every beta, rows leaving as they finish) are the decodes of each beta on its own, scores included."""
+    model, task, sample, _ = _trained(setup)
+    d = task.target_dictionary
+    together = InsertionGenerator(d, eos_penalties=BETAS, src_dict=task.source_dictionary).generate([model], sample)
+    for beta in BETAS:
+        alone = InsertionGenerator(d, eos_penalty=beta, src_dict=task.source_dictionary).generate([model], sample)
+        for cands, [h] in zip(together, alone):
+            [c] = [c for c in cands if c["eos_penalty"] == beta]
+            assert c["tokens"].tolist() == h["tokens"].tolist() and c["steps"] == h["steps"]
+            torch.testing.assert_close(c["positional_scores"], h["positional_scores"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(c["score"], h["score"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weight,lenpen", [(0.0, 1.0), (0.7, 1.0), (2.0, 0.5)])
+def test_rerank_score_is_teacher_plus_weight_times_model_score(setup, weight, lenpen):
+    """rerank_score = the teacher's log p(y | x) / (n + 1) ** lenpen (from fairseq's SequenceScorer on
+    each candidate alone) + weight x the candidate's score replayed by decoding its beta alone."""
+    model, task, sample, teacher = _trained(setup)
+    d = task.target_dictionary
+    scorer = AutoregressiveScorer.load(str(teacher), task.source_dictionary, d, "cpu", lenpen=lenpen,
+                                       dictionaries=dictionary_files(task.cfg))
+    gen = InsertionGenerator(d, eos_penalties=BETAS, rerank_weight=weight, lenpen=lenpen,
+                             src_dict=task.source_dictionary, rerank=scorer)
+    hypos = gen.generate([model], sample)
+    sequence_scorer = SequenceScorer(d)
+    for b, cands in enumerate(hypos):
+        assert [h["rerank_score"] for h in cands] == sorted((h["rerank_score"] for h in cands), reverse=True)
+        for h in cands:
+            prev = torch.cat([h["tokens"].new_tensor([d.eos()]), h["tokens"][:-1]]).unsqueeze(0)  # teacher forcing
+            one = {"net_input": {"src_tokens": sample["net_input"]["src_tokens"][b:b + 1],
+                                 "src_lengths": sample["net_input"]["src_lengths"][b:b + 1],
+                                 "prev_output_tokens": prev},
+                   "target": h["tokens"].unsqueeze(0), "id": sample["id"][b:b + 1], "ntokens": len(h["tokens"])}
+            [[ref]] = sequence_scorer.generate([scorer.model], one)
+            teacher_score = ref["positional_scores"].sum() / len(h["tokens"]) ** lenpen
+            [[alone]] = InsertionGenerator(d, eos_penalty=h["eos_penalty"], lenpen=lenpen,
+                                           src_dict=task.source_dictionary).generate([model], one)
+            assert alone["tokens"].tolist() == h["tokens"].tolist()
+            want = teacher_score + weight * alone["score"]
+            assert h["rerank_score"] == pytest.approx(float(want), abs=1e-4)
 
 
 def test_generate_prints_nbest_candidates_and_reranks(setup):
