@@ -153,6 +153,9 @@ class Setup:
 
 
 # ------------------------------------------------------------------------- steps
+Step = tuple[str, Path, Callable[[], dict], tuple[str, ...]]  # name, output file, the step, the steps it needs
+
+
 def cached(path: Path, step: Callable[[], dict]) -> dict:
     """A finished step's output file: read when present, else ``step()`` written to it."""
     if path.is_file():
@@ -326,10 +329,11 @@ class Run:
             self.results["failed"][key] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
 
-    def phase(self, steps: list[tuple[str, Path, Callable[[], dict], tuple[str, ...]]], jobs: int) -> None:
+    def phase(self, groups: list[list[Step]], jobs: int) -> None:
+        """``jobs`` groups of steps at a time, the steps of a group one after the other."""
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
         with ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(lambda s: self.step(*s), steps))
+            list(pool.map(lambda group: [self.step(*step) for step in group], groups))
         self.write()
 
     def row(self, name: str) -> dict:
@@ -365,22 +369,23 @@ class Run:
             runs.insert(0, "ar")
         train_step = lambda r: (f"train:{r}", out / r / "train.json", lambda: train(s, r),  # noqa: E731
                                 ("distill",) if r in distilled else ())
-        self.phase([train_step(r) for r in runs if r not in distilled], s.jobs)
-        if distilled and s.distilled is None:
-            self.step("distill", s.distilled_bin / "distill.json", lambda: R.distill(
-                s.data, s.teacher_checkpoint, s.device, out=s.distilled_bin, max_len_a=s.max_len_a,
-                max_len_b=s.max_len_b), () if s.teacher else ("train:ar",))
-        self.phase([train_step(r) for r in runs if r in distilled], s.jobs)
+        distill = [("distill", s.distilled_bin / "distill.json", lambda: R.distill(
+            s.data, s.teacher_checkpoint, s.device, out=s.distilled_bin, max_len_a=s.max_len_a,
+            max_len_b=s.max_len_b), () if s.teacher else ("train:ar",))] if distilled and s.distilled is None else []
+        # the distillation follows the teacher's training in its worker, beside the other raw trainings
+        raw = [[train_step(r), *(distill if r == "ar" else [])] for r in runs if r not in distilled]
+        self.phase(raw + ([distill] if distill and "ar" not in runs else []), s.jobs)
+        self.phase([[train_step(r)] for r in runs if r in distilled], s.jobs)
         swept = [n for n in self.systems if ALL_SYSTEMS[n][2] and len(s.betas) > 1]
-        self.phase([(f"sweep:{n}", out / "decode" / n / "sweep.json", lambda n=n: sweep(s, n),
-                     (f"train:{ALL_SYSTEMS[n][0]}",)) for n in swept], s.jobs)
+        self.phase([[(f"sweep:{n}", out / "decode" / n / "sweep.json", lambda n=n: sweep(s, n),
+                      (f"train:{ALL_SYSTEMS[n][0]}",))] for n in swept], s.jobs)
         timed = sorted(self.systems, key=lambda n: "_distilled" not in n)  # the targets' rows first
         for n in timed:
             beta = self.done.get(f"sweep:{n}", {}).get("eos_penalty", s.betas[0])
             needs = (f"train:{ALL_SYSTEMS[n][0]}", *((f"sweep:{n}",) if n in swept else ()))
             for batch in (128, 1) if n not in EXTRA_SYSTEMS else (128,):
-                self.phase([(f"test{batch}:{n}", out / "decode" / n / f"test.batch{batch}.json",
-                             lambda n=n, b=batch, beta=beta: timed_decode(s, n, b, beta), needs)], 1)
+                self.phase([[(f"test{batch}:{n}", out / "decode" / n / f"test.batch{batch}.json",
+                              lambda n=n, b=batch, beta=beta: timed_decode(s, n, b, beta), needs)]], 1)
         plotted = [r for r in self.results["systems"] if r["name"].startswith("insertion_binary_tree_parallel")
                    and r["bleu"] is not None]
         if plotted:

@@ -122,7 +122,7 @@ def test_committed_results_render_unchanged():
 
 def test_finished_steps_are_reused_and_failures_skip_what_needs_them(tmp_path):
     setup = B.Setup(tmp_path, tmp_path / "data", "cpu", Size(), 10, 64, (0.0, 1.0), 0.0, 20, 4)
-    run = B.Run(setup, ["ar_greedy"], {"failed": {}})
+    run = B.Run(setup, ["ar_greedy"], hand_made_results())
     calls = []
 
     def step(name, fail=False):
@@ -142,6 +142,12 @@ def test_finished_steps_are_reused_and_failures_skip_what_needs_them(tmp_path):
     assert json.loads((tmp_path / "d.json").read_text()) == {"name": "d"} and not (tmp_path / "b.json").exists()
     run.step("distill", tmp_path / "d.json", partial(step, "again"))
     assert calls == ["b", "d"]
+    # a phase runs its groups side by side, the steps of a group in order, and writes the results
+    run.phase([[("train:x", tmp_path / "x.json", partial(step, "x"), ()),
+                ("distill:x", tmp_path / "y.json", partial(step, "y"), ("train:x",))],
+               [("train:z", tmp_path / "z.json", partial(step, "z"), ())]], 2)
+    assert calls.index("x") < calls.index("y") and "z" in calls and run.done["distill:x"] == {"name": "y"}
+    assert "| ar_greedy |" in (tmp_path / "results.md").read_text()
 
 
 def test_every_system_has_its_training_run_and_every_flag_its_help():
