@@ -74,10 +74,20 @@ EXTRA_SYSTEMS = {
     "insertion_binary_tree_parallel_distilled_candidates": ("binary_tree_distilled", CANDIDATES, False),
     "insertion_binary_tree_parallel_distilled_rerank": ("binary_tree_distilled", CANDIDATES, False),
 }
-ALL_RUNS = {**{n + s: v for s in ("", "_distilled") for n, v in RUNS.items()}, **EXTRA_RUNS}
+# --peers: fairseq's other non-autoregressive models, on the distilled data (timed at batch 1 and 128):
+# mask-predict (CMLM) at 1, 4 and 10 iterations and with 3 length candidates, the Levenshtein Transformer
+PEER_RUNS = {"cmlm_distilled": ("fairseq_cmlm", {}, (), False),
+             "levenshtein_distilled": ("fairseq_levenshtein", {}, (), False)}
+PEER_SYSTEMS = {
+    **{f"fairseq_cmlm_{t}_distilled": ("cmlm_distilled", {"iterations": t}, False) for t in (1, 4, 10)},
+    "fairseq_cmlm_10_beam3_distilled": ("cmlm_distilled", {"iterations": 10, "length_beam": 3}, False),
+    "fairseq_levenshtein_distilled": ("levenshtein_distilled", {"iterations": 10}, False),
+}
+ALL_RUNS = {**{n + s: v for s in ("", "_distilled") for n, v in RUNS.items()}, **EXTRA_RUNS, **PEER_RUNS}
 ALL_SYSTEMS: dict[str, tuple[str, dict, bool]] = {
     **{n + s: (r + s, d, w) for s in ("", "_distilled") for n, (r, d, w) in SYSTEMS.items()},
-               **EXTRA_SYSTEMS}
+    **EXTRA_SYSTEMS, **PEER_SYSTEMS}
+
 
 def on_distilled(run: str) -> bool:
     return run.endswith("_distilled") or run in EXTRA_RUNS
@@ -409,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="steps of one phase at a time (timed decodes always alone)")
     p.add_argument("--systems", nargs="+", default=None, help=f"only these systems (default: all): {list(ALL_SYSTEMS)}")
     p.add_argument("--extras", action="store_true", help="also the warm start, two canvases per sentence, candidates")
+    p.add_argument("--peers", action="store_true",
+                   help="also fairseq's mask-predict (CMLM) and Levenshtein Transformer, on the distilled data")
     p.add_argument("--render", action="store_true", help="only the ratios, targets and OUT/results.md again")
     p.add_argument("--raw-dir", type=Path, default=None, help="raw Multi30k files (default: download them)")
     p.add_argument("--data", type=Path, default=None, help="a prepare.py --out directory (default OUT/data)")
@@ -443,8 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         save(out, results)
         print(markdown(results))
         return 0
-    systems = [n for n in ALL_SYSTEMS
-               if (args.extras or n not in EXTRA_SYSTEMS) and (not args.systems or n in args.systems)]
+    systems = [n for n in ALL_SYSTEMS if (args.extras or n not in EXTRA_SYSTEMS)
+               and (args.peers or n not in PEER_SYSTEMS) and (not args.systems or n in args.systems)]
     unknown = sorted(set(args.systems or ()) - set(ALL_SYSTEMS))
     if unknown:
         parser.error(f"unknown systems {unknown}; choose from {list(ALL_SYSTEMS)}")

@@ -1,7 +1,8 @@
 """fairseq command lines, built in one place: ``fairseq-train``, ``fairseq-generate``,
 ``fairseq-interactive`` and ``fairseq-preprocess`` with the plugin's flags, for the plugin's
-insertion models (``insertion``), fairseq's Transformer (``transformer``) and fairseq's own NAT
-insertion model (``fairseq_nat``); and running one with its log.
+insertion models (``insertion``), fairseq's Transformer (``transformer``) and fairseq's own
+non-autoregressive models: its NAT insertion model (``fairseq_nat``), mask-predict (``fairseq_cmlm``)
+and the Levenshtein Transformer (``fairseq_levenshtein``); and running one with its log.
 
 The recipes (``examples/warm_start.py``, ``examples/multi30k/recipe.py``) and the benchmark build
 every command here; ``examples/steps.py`` runs them and reads their output back."""
@@ -21,7 +22,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "fairseq_insertion"
 SAFE_LOAD = REPO / "examples" / "multi30k" / "fairseq_safe_load"  # plain fairseq checkpoints, weights_only
-MODELS = ("insertion", "transformer", "fairseq_nat")
+# fairseq's non-autoregressive models (task translation_lev, criterion nat_loss): arch, training noise and the
+# model-specific flags of fairseq's examples/nonautoregressive_translation scripts
+FAIRSEQ_NAT = {
+    "fairseq_nat": ("insertion_transformer", "random_delete", ()),
+    "fairseq_cmlm": ("cmlm_transformer", "random_mask",
+                     ("--apply-bert-init", "--encoder-learned-pos", "--decoder-learned-pos")),
+    "fairseq_levenshtein": ("levenshtein_transformer", "random_delete",
+                            ("--apply-bert-init", "--encoder-learned-pos", "--decoder-learned-pos")),
+}
+MODELS = ("insertion", "transformer", *FAIRSEQ_NAT)
 
 
 class RecipeError(RuntimeError):
@@ -124,7 +134,7 @@ def train_command(
     arch, whose own sizes then replace ``size``. ``extra``: further arguments, last."""
     sizes = (size or Size()).args() if arch is None else ["--share-all-embeddings"]
     arch = arch or {"insertion": "insertion_transformer", "transformer": "transformer",
-                    "fairseq_nat": "insertion_transformer"}.get(model, "")
+                    **{m: a for m, (a, _, _) in FAIRSEQ_NAT.items()}}.get(model, "")
     if linear_decay:
         schedule = ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(warmup), "--total-num-update",
                     str(updates), "--end-learning-rate", "0", "--power", "1"]
@@ -143,11 +153,12 @@ def train_command(
                     "--order", order, "--tau", f"{tau:g}", "--termination", termination]
     elif model == "transformer":
         specific = ["--task", "translation", "--criterion", "label_smoothed_cross_entropy"]
-    elif model == "fairseq_nat":
-        # fairseq's own NAT insertion_transformer (no --user-dir: the plugin would replace it);
-        # its --label-tau crashes on current torch, so it trains with its default (uniform) targets
-        specific = ["--task", "translation_lev", "--noise", "random_delete", "--criterion", "nat_loss",
-                    "--ddp-backend", "legacy_ddp"]
+    elif model in FAIRSEQ_NAT:
+        # fairseq's own models (no --user-dir: the plugin would replace fairseq's NAT insertion_transformer);
+        # the NAT insertion model's --label-tau crashes on current torch, so it trains with uniform targets
+        _, noise, flags = FAIRSEQ_NAT[model]
+        specific = ["--task", "translation_lev", "--noise", noise, "--criterion", "nat_loss",
+                    "--ddp-backend", "legacy_ddp", *flags]
     else:
         raise RecipeError(f"model must be one of {MODELS}, got {model!r}")
     return [*fairseq_cli("train"), *specific, *common, *map(str, extra)]
@@ -162,12 +173,15 @@ REPETITION_RULES = ("--block-neighbour-copies", "--no-repeat-ngram-size", "3")
 
 def decoding_args(model: str, decoding: str = "parallel", beam: int = 1, eos_penalty: float = 0.0,
                   eos_penalties: Sequence[float] = (), rerank_with: Path | None = None,
-                  precision: str | None = None, repetition_rules: bool = True) -> list[str]:
+                  precision: str | None = None, repetition_rules: bool = True, iterations: int = 10,
+                  length_beam: int = 1) -> list[str]:
     """The task and decoding flags of ``model``, the same for fairseq-generate and fairseq-interactive.
     Insertion models: ``eos_penalties`` decodes every sentence under each (candidates), ``rerank_with``
     chooses among them with that Transformer, ``repetition_rules`` adds :data:`REPETITION_RULES`.
     ``precision``: the plugin's ``--decode-precision`` (fp32, bf16, int8), for a Transformer too (then
-    decoded through the plugin's task by fairseq's generator)."""
+    decoded through the plugin's task by fairseq's generator). fairseq's non-autoregressive models: at most
+    ``iterations`` refinement passes (mask-predict's T), ``length_beam`` length candidates
+    (``--iter-decode-with-beam``), ``eos_penalty`` as ``--iter-decode-eos-penalty``."""
     if model == "insertion":
         args = ["--user-dir", str(PLUGIN), "--task", "insertion_translation", "--decoding", decoding,
                 "--eos-penalty", f"{eos_penalty:g}", *(REPETITION_RULES if repetition_rules else ())]
@@ -179,14 +193,18 @@ def decoding_args(model: str, decoding: str = "parallel", beam: int = 1, eos_pen
         task = ["--user-dir", str(PLUGIN), "--task", "insertion_translation"] if precision else [
             "--user-dir", str(SAFE_LOAD), "--task", "translation"]
         args = [*task, "--beam", str(beam)]
-    elif model == "fairseq_nat":
-        args = ["--user-dir", str(SAFE_LOAD), "--task", "translation_lev", "--iter-decode-max-iter", "10",
-                "--iter-decode-eos-penalty", f"{eos_penalty:g}", "--beam", "1"]
+    elif model in FAIRSEQ_NAT:
+        if iterations < 1 or length_beam < 1:
+            raise RecipeError(f"iterations and length_beam must be >= 1, got {iterations} and {length_beam}")
+        # fairseq runs --iter-decode-max-iter + 1 decoder passes
+        args = ["--user-dir", str(SAFE_LOAD), "--task", "translation_lev", "--iter-decode-max-iter",
+                str(iterations - 1), "--iter-decode-eos-penalty", f"{eos_penalty:g}", "--beam", "1",
+                *(["--iter-decode-with-beam", str(length_beam)] if length_beam > 1 else [])]
     else:
         raise RecipeError(f"model must be one of {MODELS}, got {model!r}")
     if precision is not None:
-        if model == "fairseq_nat":
-            raise RecipeError("precision: insertion and transformer models only, not fairseq_nat")
+        if model in FAIRSEQ_NAT:
+            raise RecipeError(f"precision: insertion and transformer models only, not {model}")
         args += ["--decode-precision", precision]
     return args
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fairseq_insertion.canvas import log2_bound
 
-from .commands import RecipeError, generate_command, preprocess_command, run
+from .commands import FAIRSEQ_NAT, RecipeError, generate_command, preprocess_command, run
 from .generate_output import ScoreError, read_generate_output, score
 
 
@@ -137,7 +137,7 @@ def decode(data_bin: Path, checkpoint: Path, out: Path, references: list[str], l
     run(cmd, out.with_suffix(".log"), stdout=out)
     gen = read_generate_output(out, out.with_suffix(".log"))
     try:
-        result = score(gen, references, lang, p_specials=2 if model == "fairseq_nat" else 1)
+        result = score(gen, references, lang, p_specials=2 if model in FAIRSEQ_NAT else 1)
     except ScoreError as exc:
         raise RecipeError(f"{out}: {exc}") from exc
     if model == "transformer":  # one token per step: iterations = output length

@@ -34,13 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import steps
-from ..commands import RecipeError, Size, default_device, train_command
+from ..commands import MODELS, RecipeError, Size, default_device, train_command
 from ..generate_output import read_reference
 from ..steps import plot_iterations
 
 ORDERS = ("binary_tree", "uniform", "left_to_right")
 TERMINATIONS = ("slot", "sequence")
-MODELS = ("insertion", "transformer", "fairseq_nat")
 PAIR = ("src", "tgt")  # prepare.py's language names in data-bin
 
 
