@@ -436,10 +436,12 @@ def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
     where query token g does not occur (so absent ones sort last, in order).
     """
     T, G = tokens.size(1), query.size(1)
+    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)  # (1, G)
+    if T == 0:  # every translation empty (e.g. every line's constraints over its length limit)
+        return absent.expand(tokens.size(0), G)
     valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
     hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
     found = hit.any(2)
-    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)
     return torch.where(found, hit.long().argmax(2), absent)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
@@ -103,18 +104,42 @@ def _load_dictionary(path: str) -> Dictionary:
 
 
 # ----------------------------------------------------------------------------
+# Any checkpoint file
+# ----------------------------------------------------------------------------
+def check_checkpoint_file(path: str, option: str) -> None:
+    """Refuse ``path`` (given by ``option``) unless it is a file in one of torch's save formats (a zip
+    archive, or the legacy pickle), with an error naming it and what to do; the content is checked
+    by torch's safe loader when fairseq loads it."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{option} {path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if not (zipfile.is_zipfile(path) or head[:1] == b"\x80"):
+        raise ValueError(f"{option} {path}: cannot be read as a fairseq checkpoint: not a PyTorch file "
+                         "(neither torch.save's zip format nor its legacy pickle; empty, truncated or another "
+                         "kind of file): give a checkpoint fairseq-train wrote (checkpoint_best.pt, "
+                         "checkpoint_last.pt), copied whole")
+
+
+def unreadable_checkpoint(path: str, option: str, error: BaseException) -> ValueError:
+    """The error for a checkpoint file torch's safe loader refused (``error``), naming ``path``."""
+    return ValueError(f"{option} {path}: cannot be read as a fairseq checkpoint ({type(error).__name__}: "
+                      f"{str(error).splitlines()[0] if str(error) else ''}); only fairseq checkpoints (weights, "
+                      "config and training state) are loaded, and nothing else in a file is run: give a "
+                      "checkpoint fairseq-train wrote, from a source you trust")
+
+
+# ----------------------------------------------------------------------------
 # A fairseq Transformer checkpoint (the warm-start teacher, the reranker)
 # ----------------------------------------------------------------------------
 def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
     """A fairseq ``transformer`` checkpoint (model weights and ``cfg``), loaded with the safe
     loader; errors name the command-line ``option`` that gave ``path``."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{option} {path}: no such file")
+    check_checkpoint_file(path, option)
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    except Exception as e:  # unpickling, not a torch file, refused by the safe loader, ...
-        raise ValueError(f"{option} {path}: cannot be read as a fairseq checkpoint "
-                         f"({type(e).__name__}: {e})") from e
+    except Exception as e:  # unpickling, refused by the safe loader, ...
+        raise unreadable_checkpoint(path, option, e) from e
     cfg = state.get("cfg") if isinstance(state, dict) else None
     model_cfg = cfg.get("model") if cfg is not None else None
     arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)

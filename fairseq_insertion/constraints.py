@@ -19,6 +19,8 @@ import torch
 from fairseq.token_generation_constraints import pack_constraints
 from torch import Tensor
 
+from .fairseq_fixes import read_text_lines
+
 logger = logging.getLogger(__name__)
 
 GAP = "___"
@@ -37,6 +39,7 @@ def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tenso
     unknown: List[str] = []
     pieces = _GAP_SPLIT.split(text.strip())
     for i, piece in enumerate(pieces):
+        _refuse_special_symbols(piece, dictionary, text)
         words = (encode_fn(piece.strip()) if encode_fn is not None and piece.strip() else piece).split()
         for w in words:
             idx = dictionary.index(w)
@@ -49,14 +52,32 @@ def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tenso
 
 
 def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, line: str) -> List[Tensor]:
-    """Encode one line's constraints; warn naming ``line`` and any unknown words."""
+    """Encode one line's constraints; warn naming ``line`` and any unknown words. A special symbol
+    (``</s>``, ``<s>``, ``<pad>``) in a constraint is an error naming ``line`` and the constraint."""
     out = []
     for text in fields:
-        ids, unknown = encode_constraint(text, encode_fn, dictionary)
+        try:
+            ids, unknown = encode_constraint(text, encode_fn, dictionary)
+        except SpecialSymbolError as e:
+            raise SpecialSymbolError(f"{line}: {e}") from None
         if unknown:
             _warn_unknown(line, text, unknown)
         out.append(ids)
     return out
+
+
+class SpecialSymbolError(ValueError):
+    """A constraint holding one of the dictionary's special symbols (``</s>``, ``<s>``, ``<pad>``)."""
+
+
+def _refuse_special_symbols(text: str, dictionary, constraint: str) -> None:
+    """``text``, a piece of ``constraint`` between gaps, must hold no special symbol: an end- or
+    begin-of-sentence token on the canvas would end or break the sentence, and ``<pad>`` is the gap."""
+    special = (dictionary.eos_word, dictionary.bos_word, dictionary.pad_word)
+    found = [w for w in text.split() if w in special]
+    if found:
+        raise SpecialSymbolError(f"constraint {constraint!r} holds the special symbol(s) {' '.join(found)}; "
+                                 f"a constraint is words of the target text (a template gap is {GAP})")
 
 
 def _warn_unknown(line: str, text: str, unknown: List[str]) -> None:
@@ -65,13 +86,10 @@ def _warn_unknown(line: str, text: str, unknown: List[str]) -> None:
 
 
 def read_constraints_file(path: str) -> List[List[str]]:
-    """One line per test sentence, constraints separated by tabs (an empty line: none)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    return [[c for c in line.rstrip("\r").split("\t") if c.strip()] if line.strip() else [] for line in lines]
+    """One line per test sentence, constraints separated by tabs (an empty line: none); an invalid
+    UTF-8 byte is read as U+FFFD (an unknown word), with a warning naming the file and line."""
+    lines = read_text_lines(path, "--constraints-file")
+    return [[c for c in line.split("\t") if c.strip()] if line.strip() else [] for line in lines]
 
 
 class ConstraintsFile:
@@ -132,14 +150,17 @@ class ConstraintEncoder:
 
     def encode(self, x: str) -> str:
         """One constraint: the pieces between gaps encoded one by one, the gaps kept."""
-        pieces = [self.inner.encode(p.strip()) if self.inner is not None and p.strip() else p.strip()
-                  for p in _GAP_SPLIT.split(x.strip())]
+        raw = _GAP_SPLIT.split(x.strip())
+        for p in raw:
+            _refuse_special_symbols(p, self.dictionary, x)
+        pieces = [self.inner.encode(p.strip()) if self.inner is not None and p.strip() else p.strip() for p in raw]
         if not self.last:
             return f" {GAP} ".join(pieces)
         unknown = [w for p in pieces for w in p.split() if self.dictionary.index(w) == self.dictionary.unk()
                    and w != self.dictionary.unk_word]
-        if unknown:
-            _warn_unknown("fairseq-interactive", x, unknown)
+        if unknown:  # the generator names the line (fairseq gives the encoder none)
+            logger.warning("constraint %r holds %d word(s) not in the target dictionary, read as <unk>: %s",
+                           x, len(unknown), " ".join(repr(w) for w in unknown))
         return f" {self.dictionary.pad_word} ".join(pieces)
 
     def decode(self, x: str) -> str:

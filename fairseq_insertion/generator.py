@@ -158,6 +158,8 @@ class InsertionGenerator:
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
         self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
+        if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
+            self._report_unknown_constraints(sample, src_tokens, constraints)
 
         init = self._initial_canvas(constraints, B, device)
         max_len = torch.where(empty, init.lengths, max_len)
@@ -346,6 +348,13 @@ class InsertionGenerator:
                 logger.warning("%s: empty source line; its translation is empty", line)
             else:
                 logger.warning("%s: %d unknown source word(s), read as <unk>", line, int(unknown[i]))
+
+    def _report_unknown_constraints(self, sample, src_tokens: Tensor, constraints: Tensor) -> None:
+        """Name the lines whose constraints hold unknown words (packed: the first column is a count)."""
+        unknown = constraints[:, 1:].eq(self.tgt_dict.unk()).sum(1)  # (B,)
+        for i in unknown.nonzero().flatten().tolist():
+            logger.warning("%s: its constraints hold %d word(s) not in the target dictionary, read as <unk>",
+                           self._line_name(sample, src_tokens, i), int(unknown[i]))
 
     def _report_too_long(self, sample, src_tokens: Tensor, too_long: Tensor, n: Tensor, max_len: Tensor) -> None:
         for i in too_long.nonzero().flatten().tolist():

@@ -6,12 +6,17 @@ constraints and templates given as text.
 :func:`fairseq_insertion.hub.from_pretrained` return one.
 """
 
-from typing import List, Optional, Union
+import logging
+from typing import Dict, List, Optional, Union
 
+import torch
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.token_generation_constraints import pack_constraints
 
 from .constraints import encode_constraints
+from .fairseq_fixes import realign, skipped_inputs
+
+logger = logging.getLogger(__name__)
 
 
 class InsertionHubInterface(GeneratorHubInterface):
@@ -22,6 +27,11 @@ class InsertionHubInterface(GeneratorHubInterface):
     encoded with the hub's tokenizer and BPE like the target; ``___`` marks a
     template gap. ``constraint_order="unordered"`` lets the decoder choose
     the order (see :class:`fairseq_insertion.generator.InsertionGenerator`).
+
+    One result per input, in input order: a sentence too long for the model
+    gets an empty result (``generate``: no hypotheses; ``translate``/``sample``:
+    ``""``) and a warning naming its index, where fairseq's interface would
+    leave it out and shift every later result.
     """
 
     @classmethod
@@ -37,7 +47,7 @@ class InsertionHubInterface(GeneratorHubInterface):
             return self.sample([sentences], beam, verbose, constraints=batch, constraint_order=constraint_order,
                                **kwargs)[0]
         if constraints is None:
-            return super().sample(sentences, beam, verbose, **kwargs)
+            return self._decode_all(sentences, beam, verbose, **kwargs)
         if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
             raise ValueError(f"constraints: give one list of strings per sentence ({len(sentences)} sentences); "
                              f"got {constraints!r}")
@@ -45,10 +55,34 @@ class InsertionHubInterface(GeneratorHubInterface):
         def encode_fn(x: str) -> str:
             return self.apply_bpe(self.tokenize(x))
 
-        # packed (N, C), row i for sentence id i; the task's inference_step takes each batch's rows
+        # packed (N, C), row i for sentence id i; the task's inference_step takes each batch's rows. A sentence
+        # the task will not translate (over-long) keeps none: its result is empty
+        over = set(self.task.over_long([self.encode(s) for s in sentences]))
         constraints_by_id = pack_constraints([
-            encode_constraints(cs, encode_fn, self.tgt_dict, f"sentence {i} ({s!r})")
+            encode_constraints([] if i in over else cs, encode_fn, self.tgt_dict, f"sentence {i} ({s!r})")
             for i, (s, cs) in enumerate(zip(sentences, constraints))])
         step_args = {**(kwargs.pop("inference_step_args", None) or {}), "constraints_by_id": constraints_by_id}
-        return super().sample(sentences, beam, verbose, constraints=constraint_order,
-                              inference_step_args=step_args, **kwargs)
+        return self._decode_all(sentences, beam, verbose, constraints=constraint_order,
+                                inference_step_args=step_args, **kwargs)
+
+    def _decode_all(self, sentences: List[str], beam: int, verbose: bool, **kwargs) -> List[str]:
+        """fairseq's ``sample``, with ``""`` for a sentence that has no hypothesis."""
+        batched = self.generate([self.encode(s) for s in sentences], beam, verbose, **kwargs)
+        return [self.decode(hypos[0]["tokens"]) if hypos else "" for hypos in batched]
+
+    def generate(self, tokenized_sentences, beam: int = 5, verbose: bool = False, *args,
+                 **kwargs) -> List[List[Dict[str, torch.Tensor]]]:
+        """fairseq's ``generate``, one result per input in input order: the inputs too long for the
+        model (which fairseq's batching skips) get ``[]`` and a warning naming their index."""
+        if torch.is_tensor(tokenized_sentences) and tokenized_sentences.dim() == 1:
+            return self.generate(tokenized_sentences.unsqueeze(0), beam, verbose, *args, **kwargs)[0]
+        tokens = list(tokenized_sentences)
+        if not tokens:
+            return []
+        dataset = self.task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
+        skipped = skipped_inputs(dataset, self.max_positions)
+        for i in skipped:
+            logger.warning("input %d: %d tokens, too long for the model (max positions %s); not translated, "
+                           "its result is empty", i, tokens[i].numel(), self.max_positions)
+        results = super().generate(tokens, beam, verbose, *args, **kwargs) if len(skipped) < len(tokens) else []
+        return realign(results, skipped, len(tokens), [])

@@ -20,6 +20,8 @@ in :mod:`fairseq_insertion.checkpoints`.
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -36,10 +38,19 @@ from fairseq.models import (
 )
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.tasks import TASK_REGISTRY
 from torch import Tensor, nn
 
 from .canvas import TERMINATIONS
-from .checkpoints import WARM_START_SLOTS, DictionaryFiles, check_dictionaries, dictionary_files
+from .checkpoints import (
+    WARM_START_SLOTS,
+    DictionaryFiles,
+    check_checkpoint_file,
+    check_dictionaries,
+    dictionary_files,
+    unreadable_checkpoint,
+)
+from .fairseq_fixes import local_model_dir
 from .fast_decoder import EncoderCache, cached_slot_states, encoder_cache
 from .hub_interface import InsertionHubInterface
 
@@ -238,6 +249,13 @@ class InsertionTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        insertion_task = TASK_REGISTRY.get("insertion_translation")
+        if insertion_task is None or not isinstance(task, insertion_task):
+            # e.g. an insertion checkpoint given to fairseq-generate --task translation, whose autoregressive
+            # beam search would fail deep inside fairseq
+            raise ValueError(f"an Insertion Transformer (--arch {getattr(args, 'arch', MODEL_NAME)}) is trained "
+                             f"and decoded by the insertion_translation task, not {type(task).__name__}: add "
+                             "--user-dir REPO/fairseq_insertion --task insertion_translation")
         base_architecture(args)
         model = super().build_model(args, task)
         dec = model.decoder
@@ -255,8 +273,20 @@ class InsertionTransformerModel(TransformerModel):
                         **kwargs) -> InsertionHubInterface:
         """fairseq's hub loader, returning an :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`,
         on which ``translate(src, constraints=[...])`` works."""
-        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
-                                      archive_map=cls.hub_models(), **kwargs)
+        # an archive is extracted safely into a new folder (fairseq's extraction has no member filter and
+        # replaces the archive by a folder); a checkpoint that is not one is refused naming the file
+        model_dir = local_model_dir(model_name_or_path)
+        if data_name_or_path is not None and not str(data_name_or_path).startswith("."):
+            data_name_or_path = local_model_dir(data_name_or_path)
+        files = [os.path.join(model_dir, f) for f in checkpoint_file.split(os.pathsep)] \
+            if os.path.isdir(model_dir) else []
+        for f in files:
+            check_checkpoint_file(f, "from_pretrained:")
+        try:
+            x = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path,
+                                          archive_map=cls.hub_models(), **kwargs)
+        except pickle.UnpicklingError as e:  # torch's safe loader refused something in the file
+            raise unreadable_checkpoint(", ".join(files) or str(model_name_or_path), "from_pretrained:", e) from e
         logger.info(x["args"])
         return InsertionHubInterface(x["args"], x["task"], x["models"])
 

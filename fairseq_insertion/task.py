@@ -2,14 +2,11 @@
 options; builds the :class:`InsertionGenerator` and never drops a sentence."""
 
 
-import io
 import logging
-import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
-import numpy as np
 from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
@@ -18,7 +15,8 @@ from torch import Tensor
 
 from .checkpoints import dictionary_files, warm_start
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig
+from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig
+from .fairseq_fixes import keep_remainder_batch, tolerant_interactive_input, tolerate_invalid_utf8_stdin
 from .generator import InsertionGenerator
 from .model import InsertionTransformerModel
 from .precision import PRECISIONS, for_decoding
@@ -27,6 +25,9 @@ from .rerank import AutoregressiveScorer
 logger = logging.getLogger(__name__)
 
 DEFAULTS = DecodingConfig()  # every decoding default lives there
+# the options fairseq's own generator (an autoregressive model decoded through this task) does not read
+INSERTION_ONLY = ("decoding", "eos_penalty", "eos_penalties", "max_iterations", "block_neighbour_copies",
+                  "close_ended_slots", "rerank_with")
 
 
 @dataclass
@@ -105,6 +106,7 @@ class InsertionTranslationTask(TranslationTask):
         self.text_encoders = TextEncoders()  # filled by build_tokenizer/build_bpe
         # datasets loaded for training: fairseq's size rule (see filter_indices_by_size)
         self._training_datasets: "weakref.WeakSet[FairseqDataset]" = weakref.WeakSet()
+        self._interactive_lines_read = 0  # fairseq-interactive numbers its lines per buffer; the task counts them
 
     def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs: Any) -> None:
         """fairseq-generate (and -validate) pass the checkpoint's saved task config as ``task_cfg``;
@@ -142,7 +144,8 @@ class InsertionTranslationTask(TranslationTask):
         """The insertion generator for ``args`` (fairseq's generation options, or the hub's keywords) and
         this task's options, through one :class:`DecodingConfig`; an autoregressive transformer gets
         fairseq's own generator at the same ``--decode-precision``."""
-        _tolerate_invalid_utf8_stdin()
+        tolerate_invalid_utf8_stdin()
+        tolerant_interactive_input(self.cfg)
         constraint_order = getattr(args, "constraints", None)
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
@@ -158,7 +161,11 @@ class InsertionTranslationTask(TranslationTask):
             if any(isinstance(m, InsertionTransformerModel) for m in models):
                 raise ValueError("an ensemble of insertion and autoregressive models cannot be decoded together")
             # an autoregressive transformer (e.g. the teacher, timed beside the insertion model at the same
-            # --decode-precision): fairseq's own generator
+            # --decode-precision): fairseq's own generator, which the insertion decoding options do not reach
+            unused = [FLAGS[f] for f in INSERTION_ONLY if getattr(config, f) != getattr(DEFAULTS, f)]
+            if unused:
+                logger.warning("an autoregressive model is decoded by fairseq's beam search: %s apply to "
+                               "insertion models only and are not used", ", ".join(unused))
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
                                            prefix_allowed_tokens_fn)
         if self.constraints_file is not None:
@@ -187,7 +194,36 @@ class InsertionTranslationTask(TranslationTask):
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         """fairseq-interactive's source lines. ``encode_fn`` is built from the constraint encoders
         :meth:`build_tokenizer`/:meth:`build_bpe` return, so sources go through the raw ones instead."""
-        return super().get_interactive_tokens_and_lengths(lines, self.text_encoders.encode)
+        tokens, lengths = super().get_interactive_tokens_and_lengths(lines, self.text_encoders.encode)
+        numbered = InputLines(tokens, first_line=self._interactive_lines_read + 1)
+        self._interactive_lines_read += len(lines)
+        return numbered, lengths
+
+    def over_long(self, src_tokens: List[Tensor]) -> List[int]:
+        """The indices of the sources longer than ``--max-source-positions``: not translated."""
+        return [i for i, t in enumerate(src_tokens) if t.numel() > self.cfg.max_source_positions]
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """fairseq's, for fairseq-interactive's lines and the hub's sentences, with one output per input:
+        a line longer than ``--max-source-positions`` becomes an empty source without constraints (its
+        output is empty) with an error naming it (fairseq-interactive: its input line number, from
+        :class:`InputLines`; the hub: its index), where fairseq would drop it and every later output of a
+        fairseq-interactive buffer would take its place."""
+        limit = self.cfg.max_source_positions
+        over = self.over_long(src_tokens)
+        if over:
+            first_line = getattr(src_tokens, "first_line", None)
+            src_tokens, src_lengths = list(src_tokens), [int(n) for n in src_lengths]
+            for i in over:
+                logger.error("%s (%r ...): %d source tokens exceed the model's limit (--max-source-positions %d); "
+                             "not translated, its output is empty",
+                             f"input line {first_line + i}" if first_line is not None else f"sentence {i}",
+                             self.source_dictionary.string(src_tokens[i][:6]), src_lengths[i], limit)
+                src_tokens[i], src_lengths[i] = src_tokens[i].new_tensor([self.source_dictionary.eos()]), 1
+            if constraints is not None:
+                constraints = constraints.clone()
+                constraints[over] = 0  # packed: no constraints
+        return super().build_dataset_for_inference(src_tokens, src_lengths, constraints=constraints)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None,
                        constraints_by_id: Optional[Tensor] = None):
@@ -208,37 +244,9 @@ class InsertionTranslationTask(TranslationTask):
         return super().get_batch_iterator(dataset, *args, **kwargs)
 
 
-def keep_remainder_batch(dataset: FairseqDataset) -> None:
-    """Make ``dataset.batch_by_size`` keep every sentence.
+class InputLines(list):
+    """One buffer of fairseq-interactive's tokenised lines, and the input line number (from 1) of the first."""
 
-    fairseq drops the final batch when its size is not a multiple of
-    ``--required-batch-size-multiple``; in training, validation and
-    inference that silently loses sentences. Batches are consecutive runs
-    of ``indices``, so whatever is missing is the tail: batch it on its own.
-    """
-    batch_by_size = dataset.batch_by_size
-    if getattr(batch_by_size, "keeps_remainder", False):
-        return
-
-    def batch_all(indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
-        batches = batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
-                                required_batch_size_multiple=required_batch_size_multiple)
-        covered = sum(len(b) for b in batches)
-        if covered < len(indices):
-            tail = np.asarray(indices[covered:], dtype=np.int64)
-            logger.info("kept a final batch of %d sentences that fairseq would drop", len(tail))
-            batches = list(batches) + [tail]
-        return batches
-
-    batch_all.keeps_remainder = True  # type: ignore[attr-defined]
-    dataset.batch_by_size = batch_all
-
-
-def _tolerate_invalid_utf8_stdin() -> None:
-    """fairseq-interactive decodes standard input strictly: one invalid UTF-8
-    byte would end the run. Replace such bytes with U+FFFD instead; the word
-    holding it is then unknown, and the generator names its line."""
-    stdin = sys.stdin
-    if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
-        stdin.reconfigure(errors="replace")
-        logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")
+    def __init__(self, tokens: List[Tensor], first_line: int):
+        super().__init__(tokens)
+        self.first_line = first_line

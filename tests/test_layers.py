@@ -1,5 +1,5 @@
 """The package's modules import one another one way only, down this order:
-canvas, precision, constraints <- fast_decoder, checkpoints, hub_interface <- model <-
+canvas, precision, fairseq_fixes, constraints <- fast_decoder, checkpoints, hub_interface <- model <-
 criterion, generator, rerank <- task <- hub <- the package <- __main__ (the option
 listing); visualize (it reads fairseq-generate output) imports none of them. Checked
 statically (importing a submodule runs the package's ``__init__``, which imports them
@@ -11,7 +11,7 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["canvas", "visualize", "precision", "decoding", "constraints", "fast_decoder", "checkpoints",
+LAYERS = ["canvas", "visualize", "precision", "fairseq_fixes", "decoding", "constraints", "fast_decoder", "checkpoints",
           "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "__init__", "__main__"]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,11 +58,26 @@ def main(argv: list[str] | None = None) -> int:
         gen = read_generate_output(args.generate_output)
         if not gen.hypotheses:
             raise ScoreError(f"no H- lines found in {args.generate_output}")
-        result = score(gen, read_reference(args.reference), args.lang, args.p_specials)
+        try:
+            references = read_reference(args.reference)
+        except UnicodeDecodeError as exc:
+            raise ScoreError(f"--reference {args.reference}: invalid UTF-8 at byte {exc.start} ({exc.reason}); "
+                             "references are compared as text, so give the file in UTF-8") from None
+        result = score(gen, references, args.lang, args.p_specials)
     except ScoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
+    if args.json is not None:  # first, so that a closed stdout (score.py ... | head -1) cannot stop it
+        _write_json(args.json, result)
+    try:
+        _report(result)
+    except BrokenPipeError:  # the reader left: the JSON is written; nothing more to say (Python's advice:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # stdout to devnull, no error at exit)
+    return 0
+
+
+def _report(result: dict) -> None:
     print(f"{result['bleu_str']}")
     print(f"signature: {result['signature']}")
     print(f"sentences: {result['sentences']}")
@@ -70,20 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"mean floor(log2 n)+1 (n from {result['length_source']}- lines): {result['mean_log2_bound']:.3f}"
     )
-    if args.json is not None:
-        payload = {
-            k: result[k]
-            for k in (
-                "bleu",
-                "signature",
-                "sentences",
-                "mean_iterations",
-                "mean_log2_bound",
-            )
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    return 0
+    sys.stdout.flush()
+
+
+def _write_json(path: Path, result: dict) -> None:
+    keys = ("bleu", "signature", "sentences", "mean_iterations", "mean_log2_bound")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: result[k] for k in keys}, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+"""Each place the plugin works around fairseq, in one module, each documented with
+what fairseq does and what the plugin does instead. Imports fairseq and the
+standard library only.
+
+* :func:`keep_remainder_batch`: fairseq drops the final batch when its size is
+  not a multiple of ``--required-batch-size-multiple``.
+* :func:`tolerate_invalid_utf8_stdin`: fairseq-interactive decodes standard
+  input strictly.
+* :func:`safe_extract`, :func:`local_model_dir`: fairseq's ``from_pretrained``
+  extracts archives with no member filter and replaces the archive by a folder.
+* :func:`tolerant_interactive_input`: fairseq-interactive opens ``--input
+  FILE`` strictly and strips its lines.
+* :func:`read_text_lines`: a text file read like standard input: an invalid
+  UTF-8 byte is a U+FFFD (an unknown word) and a warning naming the file and
+  line, never the end of the run.
+* :func:`skipped_inputs`: fairseq's ``GeneratorHubInterface.generate`` silently
+  drops lines that are too long for the model.
+
+Over-long lines in fairseq-generate and -interactive are skipped with an error
+naming them by the task (``InsertionTranslationTask.filter_indices_by_size``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+from fairseq.data import FairseqDataset
+from omegaconf import OmegaConf, open_dict
+
+logger = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------
+# The tail batch
+# ----------------------------------------------------------------------------
+def keep_remainder_batch(dataset: FairseqDataset) -> None:
+    """Make ``dataset.batch_by_size`` keep every sentence.
+
+    fairseq drops the final batch when its size is not a multiple of
+    ``--required-batch-size-multiple``; in training, validation and
+    inference that silently loses sentences. Batches are consecutive runs
+    of ``indices``, so whatever is missing is the tail: batch it on its own.
+    """
+    batch_by_size = dataset.batch_by_size
+    if getattr(batch_by_size, "keeps_remainder", False):
+        return
+
+    def batch_all(indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
+        batches = batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
+                                required_batch_size_multiple=required_batch_size_multiple)
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            tail = np.asarray(indices[covered:], dtype=np.int64)
+            logger.info("kept a final batch of %d sentences that fairseq would drop", len(tail))
+            batches = list(batches) + [tail]
+        return batches
+
+    batch_all.keeps_remainder = True  # type: ignore[attr-defined]
+    dataset.batch_by_size = batch_all
+
+
+# ----------------------------------------------------------------------------
+# UTF-8 input
+# ----------------------------------------------------------------------------
+def tolerate_invalid_utf8_stdin() -> None:
+    """fairseq-interactive decodes standard input strictly: one invalid UTF-8
+    byte would end the run. Replace such bytes with U+FFFD instead; the word
+    holding it is then unknown, and the generator names its line."""
+    stdin = sys.stdin
+    if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
+        stdin.reconfigure(errors="replace")
+        logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")
+
+
+def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
+    """fairseq-interactive ``--input FILE``: read like standard input.
+
+    fairseq opens the file with strict UTF-8 decoding (one invalid byte ends
+    the run, losing the lines read with it) and strips every line (a line
+    ``"\tconstraint"``, an empty source with constraints, becomes the source
+    ``"constraint"``). The task's config is the only part of fairseq-interactive's
+    config a plugin receives; through it (its root) this reads ``FILE`` first. When
+    it holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq is
+    pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD
+    (an unknown word) and such a line is empty (its output is empty), with a
+    warning naming the file and each line. Returns the copy's path, else None."""
+    root = task_cfg._get_root() if OmegaConf.is_config(task_cfg) else None
+    interactive = root.get("interactive") if root is not None else None
+    path = getattr(interactive, "input", "-") if interactive is not None else "-"
+    if path == "-" or not os.path.isfile(path):
+        return None
+    constraints = bool(getattr(root.get("generation"), "constraints", None))
+    lines = read_text_lines(path, "--input")
+    changed = any("\ufffd" in x for x in lines)
+    for i, line in enumerate(lines):
+        source, tab, rest = line.partition("\t")
+        if constraints and tab and not source.strip() and rest.strip():
+            logger.warning("--input %s line %d: an empty source with constraints (%r), which fairseq-interactive "
+                           "would read as the source; not translated, its output is empty", path, i + 1, rest)
+            lines[i], changed = "", True
+    if not changed:
+        return None
+    copy = os.path.join(tempfile.mkdtemp(prefix="fairseq_insertion_input_"), os.path.basename(path))
+    with open(copy, "w", encoding="utf-8") as f:
+        f.writelines(x + "\n" for x in lines)
+    with open_dict(interactive):
+        interactive.input = copy
+    return copy
+
+
+def read_text_lines(path: str, option: str) -> List[str]:
+    """The lines of the text file ``path`` (given by ``option``, e.g. ``--constraints-file``), without
+    their line ends: an invalid UTF-8 byte becomes U+FFFD (an unknown word), with a warning naming the
+    file and the line. A missing or unreadable file is an error naming ``option`` and ``path``."""
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            text = f.read()
+    except OSError as e:
+        raise FileNotFoundError(f"{option} {path}: cannot be read ({e.strerror or e})") from None
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    lines = [x[:-1] if x.endswith("\r") else x for x in lines]
+    for i, line in enumerate(lines):
+        if "\ufffd" in line:
+            logger.warning("%s %s line %d: invalid UTF-8, read as U+FFFD (an unknown word)", option, path, i + 1)
+    return lines
+
+
+# ----------------------------------------------------------------------------
+# Over-long lines in the hub
+# ----------------------------------------------------------------------------
+def skipped_inputs(dataset: FairseqDataset, max_positions: Any) -> List[int]:
+    """The indices of ``dataset`` that fairseq's batching skips as too long for ``max_positions``
+    (the same test as ``filter_indices_by_size``), in order. fairseq's
+    ``GeneratorHubInterface.generate`` returns results only for the others, so its list shifts."""
+    _, ignored = dataset.filter_indices_by_size(np.arange(len(dataset)), max_positions)
+    return sorted(int(i) for i in ignored)
+
+
+def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) -> List[Any]:
+    """``n`` results in input order from ``results`` (one per input not in ``skipped``, in order), with
+    ``empty`` at the ``skipped`` inputs."""
+    if len(results) != n - len(skipped):
+        raise RuntimeError(f"{len(results)} results for {n} inputs of which {len(skipped)} were skipped")
+    it, gone = iter(results), set(skipped)
+    return [empty if i in gone else next(it) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------
+# Archives
+# ----------------------------------------------------------------------------
+def is_archive(path: str) -> bool:
+    """fairseq's ``from_pretrained`` takes any file (not a folder) as an archive to extract."""
+    return os.path.isfile(path)
+
+
+def local_model_dir(model_name_or_path: str) -> str:
+    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive file
+    extracted safely into a new folder (:func:`safe_extract`; the archive is left as it
+    was). fairseq itself would extract it with no member filter, next to the archive,
+    and replace the archive by a folder of the same name."""
+    path = str(model_name_or_path)
+    if not is_archive(path):
+        return path
+    dest = tempfile.mkdtemp(prefix="fairseq_insertion_model_")
+    safe_extract(path, dest)
+    entries = [e for e in os.listdir(dest) if not e.startswith(".")]
+    if len(entries) == 1 and os.path.isdir(os.path.join(dest, entries[0])):  # model.tar.gz holding model/...
+        dest = os.path.join(dest, entries[0])
+    logger.info("extracted %s into %s", path, dest)
+    return dest
+
+
+def safe_extract(archive: str, dest: str) -> None:
+    """Extract the ``.tar(.gz|.bz2)`` or ``.zip`` file ``archive`` into the folder ``dest``.
+    A member whose path leaves ``dest`` (absolute, or with ``..``), a link or a device is
+    refused with an error naming the archive and the member, before anything is written."""
+    root = Path(dest).resolve()
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            for name in z.namelist():
+                _check_member(archive, root, name)
+            for info in z.infolist():  # a zip symlink: the high bits of external_attr say S_IFLNK
+                if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                    _refuse(archive, info.filename, "a link")
+            z.extractall(root)
+        return
+    try:
+        tar = tarfile.open(archive)
+    except tarfile.TarError as e:
+        raise ValueError(f"{archive}: not a model archive (.tar.gz, .tar.bz2, .tar or .zip) ({e})") from None
+    with tar:
+        members = tar.getmembers()
+        for m in members:
+            _check_member(archive, root, m.name)
+            if m.issym() or m.islnk():
+                _refuse(archive, m.name, f"a link (to {m.linkname!r})")
+            if not (m.isfile() or m.isdir()):
+                _refuse(archive, m.name, "a device, fifo or other special file")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, members=members, filter="data")
+        else:  # Python without extraction filters: every member was checked above
+            tar.extractall(root, members=members)
+
+
+def _check_member(archive: str, root: Path, name: str) -> None:
+    if os.path.isabs(name) or ".." in Path(name).parts:
+        _refuse(archive, name, "a path that leaves the extraction folder")
+    target = (root / name).resolve()
+    if target != root and root not in target.parents:
+        _refuse(archive, name, "a path that leaves the extraction folder")
+
+
+def _refuse(archive: str, member: str, what: str) -> None:
+    raise ValueError(f"{archive}: member {member!r} is {what}; refused, nothing extracted (a model archive "
+                     "holds only regular files and folders inside it)")
