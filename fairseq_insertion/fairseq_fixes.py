@@ -10,6 +10,9 @@ standard library only.
   extracts archives with no member filter and replaces the archive by a folder.
 * :func:`tolerant_interactive_input`: fairseq-interactive opens ``--input
   FILE`` strictly and strips its lines.
+* :func:`command_line_checkpoints`: fairseq-generate and -interactive load
+  ``--path`` with torch's loader, whose error for a file that is not a
+  checkpoint suggests ``weights_only=False``.
 * :func:`read_text_lines`: a text file read like standard input: an invalid
   UTF-8 byte is a U+FFFD (an unknown word) and a warning naming the file and
   line, never the end of the run.
@@ -92,7 +95,7 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD
     (an unknown word) and such a line is empty (its output is empty), with a
     warning naming the file and each line. Returns the copy's path, else None."""
-    root = task_cfg._get_root() if OmegaConf.is_config(task_cfg) else None
+    root = _root(task_cfg)
     interactive = root.get("interactive") if root is not None else None
     path = getattr(interactive, "input", "-") if interactive is not None else "-"
     if path == "-" or not os.path.isfile(path):
@@ -114,6 +117,22 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     with open_dict(interactive):
         interactive.input = copy
     return copy
+
+
+def command_line_checkpoints(task_cfg: Any) -> List[str]:
+    """The checkpoint files of fairseq-generate's and -interactive's ``--path`` that exist, read from the
+    config the task received (its root); [] elsewhere. fairseq sets the task up before it loads them, so
+    the task can refuse a file that is not a checkpoint naming it, before torch's loader suggests
+    ``weights_only=False`` for it."""
+    root = _root(task_cfg)
+    path = getattr(root.get("common_eval"), "path", None) if root is not None else None
+    return [p for p in str(path).split(os.pathsep) if os.path.isfile(p)] if path else []
+
+
+def _root(task_cfg: Any) -> Any:
+    """The whole command line's config, of which fairseq gives a task only ``cfg.task``; None outside it."""
+    root = task_cfg._get_root() if OmegaConf.is_config(task_cfg) else None
+    return root if root is not None and root is not task_cfg else None
 
 
 def read_text_lines(path: str, option: str) -> List[str]:

@@ -13,10 +13,15 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
-from .checkpoints import dictionary_files, warm_start
+from .checkpoints import check_checkpoint_file, dictionary_files, warm_start
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig
-from .fairseq_fixes import keep_remainder_batch, tolerant_interactive_input, tolerate_invalid_utf8_stdin
+from .fairseq_fixes import (
+    command_line_checkpoints,
+    keep_remainder_batch,
+    tolerant_interactive_input,
+    tolerate_invalid_utf8_stdin,
+)
 from .generator import InsertionGenerator
 from .model import InsertionTransformerModel
 from .precision import PRECISIONS, for_decoding
@@ -101,6 +106,8 @@ class InsertionTranslationTask(TranslationTask):
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         DecodingConfig.from_options(cfg)  # a decoding option that means nothing is refused before any work
+        for path in command_line_checkpoints(cfg):  # fairseq-generate/-interactive --path, loaded next
+            check_checkpoint_file(path, "--path")
         # --constraints-file, read here; build_generator checks it against the test set
         self.constraints_file = ConstraintsFile(cfg.constraints_file) if cfg.constraints_file else None
         self.text_encoders = TextEncoders()  # filled by build_tokenizer/build_bpe

@@ -74,8 +74,9 @@ def test_interactive_names_bad_lines_and_translates_the_rest(trained):
                 "--target-lang", "tgt", "--buffer-size", "8", "--batch-size", "8", "--max-source-positions", "30"],
                input=stdin.decode("latin-1"), encoding="latin-1")
     log = proc.stdout + proc.stderr
-    assert sorted(map(int, parse_generate(proc.stdout, "H"))) == [0, 1, 3, 4]
-    assert "41 source tokens exceed" in log and "ids [2]" in log
+    assert sorted(map(int, parse_generate(proc.stdout, "H"))) == [0, 1, 2, 3, 4]  # one output per line
+    assert parse_generate(proc.stdout, "H")["2"][1] == ""  # the over-long line: empty, named by input line
+    assert "input line 3 ('w0 w1 w2 w3 w4 w5' ...): 41 source tokens exceed" in log
     assert "source line '': empty source line" in log
     assert "source line 'w4 <unk> w5': 1 unknown source word(s)" in log
     assert "source line 'w6 <unk> w7': 1 unknown source word(s)" in log  # the invalid byte, as U+FFFD

@@ -255,6 +255,10 @@ def test_files_that_are_not_insertion_checkpoints_get_one_clear_error(trained, t
             as refused:
         from_pretrained(str(tmp_path), "checkpoint.pt", str(trained / "bin"))
     assert "weights_only=False" not in str(refused.value)
+    proc = run(["fairseq-generate", trained / "bin", "--user-dir", PLUGIN, "--task", "insertion_translation",
+                "--path", tmp_path / "checkpoint.pt", "--cpu", "--batch-size", "2"], check=False)
+    assert proc.returncode != 0 and "weights_only" not in proc.stderr
+    assert f"--path {tmp_path / 'checkpoint.pt'}: cannot be read as a fairseq checkpoint" in proc.stderr
     proc = run(["fairseq-generate", trained / "bin", "--user-dir", PLUGIN, "--task", "translation", "--path",
                 trained / "ckpt" / "checkpoint_last.pt", "--cpu", "--batch-size", "2"], check=False)
     assert proc.returncode != 0 and "--task insertion_translation" in proc.stderr.splitlines()[-1]
