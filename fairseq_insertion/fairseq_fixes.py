@@ -157,12 +157,13 @@ def read_text_lines(path: str, option: str) -> List[str]:
 # ----------------------------------------------------------------------------
 # Over-long lines in the hub
 # ----------------------------------------------------------------------------
-def skipped_inputs(dataset: FairseqDataset, max_positions: Any) -> List[int]:
-    """The indices of ``dataset`` that fairseq's batching skips as too long for ``max_positions``
-    (the same test as ``filter_indices_by_size``), in order. fairseq's
-    ``GeneratorHubInterface.generate`` returns results only for the others, so its list shifts."""
-    _, ignored = dataset.filter_indices_by_size(np.arange(len(dataset)), max_positions)
-    return sorted(int(i) for i in ignored)
+def skipped_inputs(sizes: Sequence[int], max_positions: Any) -> List[int]:
+    """The inputs (source ``sizes``, eos included) that fairseq's batching skips as too long for
+    ``max_positions`` (an int, or a (source, target) pair: an inference dataset has no targets), in
+    order. fairseq's ``GeneratorHubInterface.generate`` returns results only for the others, so its
+    list shifts."""
+    limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+    return [i for i, n in enumerate(sizes) if limit is not None and int(n) > limit]
 
 
 def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) -> List[Any]:

@@ -79,8 +79,8 @@ class InsertionHubInterface(GeneratorHubInterface):
         tokens = list(tokenized_sentences)
         if not tokens:
             return []
-        dataset = self.task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
-        skipped = skipped_inputs(dataset, self.max_positions)
+        over = set(self.task.over_long(tokens))  # the task gives these an empty source
+        skipped = skipped_inputs([1 if i in over else t.numel() for i, t in enumerate(tokens)], self.max_positions)
         for i in skipped:
             logger.warning("input %d: %d tokens, too long for the model (max positions %s); not translated, "
                            "its result is empty", i, tokens[i].numel(), self.max_positions)

@@ -102,6 +102,17 @@ def test_over_long_lines_are_named_by_input_line(trained, hub, caplog):
         results = hub.generate([hub.encode(x) for x in ["w1 w2", LONG, "w3"]], beam=1)
     assert len(results) == 3 and results[1][0]["tokens"].tolist() == [hub.tgt_dict.eos()]
     assert "sentence 0 ('w0 w1 w2 w3 w4 w5' ...): 41 source tokens exceed" in caplog.text
+    # a model whose limit is below the task's: fairseq's batching skips the line, the hub keeps its place
+    task_limit = hub.task.cfg.max_source_positions
+    hub.task.cfg.max_source_positions = 1000
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert hub.translate(["w1 w2", LONG, "w3"]) == [hub.translate("w1 w2"), "", hub.translate("w3")]
+            assert hub.generate([hub.encode(LONG)], beam=1) == [[]]
+        assert "input 1: 41 tokens, too long for the model" in caplog.text
+    finally:
+        hub.task.cfg.max_source_positions = task_limit
 
 
 # ---------------------------------------------------------------- nonsense decoding options
