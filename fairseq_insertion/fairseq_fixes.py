@@ -19,8 +19,10 @@ standard library only.
 * :func:`skipped_inputs`: fairseq's ``GeneratorHubInterface.generate`` silently
   drops lines that are too long for the model.
 
-Over-long lines in fairseq-generate and -interactive are skipped with an error
-naming them by the task (``InsertionTranslationTask.filter_indices_by_size``).
+Over-long lines are the task's: in fairseq-interactive and the hub they become
+an empty output with an error naming them
+(``InsertionTranslationTask.build_dataset_for_inference``), in fairseq-generate
+they are skipped with an error naming their id (``filter_indices_by_size``).
 """
 
 from __future__ import annotations
@@ -87,9 +89,9 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     """fairseq-interactive ``--input FILE``: read like standard input.
 
     fairseq opens the file with strict UTF-8 decoding (one invalid byte ends
-    the run, losing the lines read with it) and strips every line (a line
-    ``"\tconstraint"``, an empty source with constraints, becomes the source
-    ``"constraint"``). The task's config is the only part of fairseq-interactive's
+    the run, losing the lines read with it) and strips every line (a line that
+    starts with a tab, an empty source with constraints, loses the tab, and its
+    first constraint becomes its source). The task's config is the only part of fairseq-interactive's
     config a plugin receives; through it (its root) this reads ``FILE`` first. When
     it holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq is
     pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD
@@ -101,8 +103,14 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     if path == "-" or not os.path.isfile(path):
         return None
     constraints = bool(getattr(root.get("generation"), "constraints", None))
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+        changed = False
+    except UnicodeDecodeError:
+        changed = True
     lines = read_text_lines(path, "--input")
-    changed = any("\ufffd" in x for x in lines)
     for i, line in enumerate(lines):
         source, tab, rest = line.partition("\t")
         if constraints and tab and not source.strip() and rest.strip():
@@ -140,17 +148,22 @@ def read_text_lines(path: str, option: str) -> List[str]:
     their line ends: an invalid UTF-8 byte becomes U+FFFD (an unknown word), with a warning naming the
     file and the line. A missing or unreadable file is an error naming ``option`` and ``path``."""
     try:
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise FileNotFoundError(f"{option} {path}: cannot be read ({e.strerror or e})") from None
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    lines = [x[:-1] if x.endswith("\r") else x for x in lines]
-    for i, line in enumerate(lines):
-        if "\ufffd" in line:
-            logger.warning("%s %s line %d: invalid UTF-8, read as U+FFFD (an unknown word)", option, path, i + 1)
+    raw = data.split(b"\n")
+    if data.endswith(b"\n"):
+        raw.pop()
+    lines = []
+    for i, line in enumerate(raw):
+        line = line[:-1] if line.endswith(b"\r") else line
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            logger.warning("%s %s line %d: invalid UTF-8 (byte %d of the line), read as U+FFFD (an unknown word)",
+                           option, path, i + 1, e.start + 1)
+            lines.append(line.decode("utf-8", errors="replace"))
     return lines
 
 

@@ -200,7 +200,7 @@ def test_empty_source_with_constraints_and_unknown_constraint_words_are_named(tr
 
 
 # ---------------------------------------------------------------- invalid UTF-8 in input files
-def test_invalid_utf8_in_input_files_is_an_unknown_word(trained, tmp_path):
+def test_invalid_utf8_in_input_files_is_an_unknown_word(trained, tmp_path, caplog):
     path = tmp_path / "in.txt"
     path.write_bytes(b"w1 w2\nw3 \xff w4\nw5\n")
     hyps, log = interactive(trained, None, "--eos-penalty", 4, input_file=path)
@@ -211,8 +211,10 @@ def test_invalid_utf8_in_input_files_is_an_unknown_word(trained, tmp_path):
 
     from fairseq_insertion.constraints import ConstraintsFile
     cfile = tmp_path / "constraints.txt"
-    cfile.write_bytes(b"w1\nw2 \xfe\n")
-    assert ConstraintsFile(str(cfile)).lines == [["w1"], ["w2 \ufffd"]]
+    cfile.write_bytes("w1 \ufffd\n".encode() + b"w2 \xfe\n")  # line 1: a real U+FFFD, line 2: an invalid byte
+    with caplog.at_level(logging.WARNING):
+        assert ConstraintsFile(str(cfile)).lines == [["w1 \ufffd"], ["w2 \ufffd"]]
+    assert f"--constraints-file {cfile} line 2: invalid UTF-8" in caplog.text and "line 1" not in caplog.text
 
 
 def test_score_script_names_bad_files_and_writes_json_through_a_closed_pipe(tmp_path):
