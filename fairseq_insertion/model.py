@@ -50,7 +50,7 @@ from .checkpoints import (
     dictionary_files,
     unreadable_checkpoint,
 )
-from .fairseq_fixes import local_model_dir
+from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, cached_slot_states, encoder_cache
 from .hub_interface import InsertionHubInterface
 
@@ -253,8 +253,10 @@ class InsertionTransformerModel(TransformerModel):
         if insertion_task is None or not isinstance(task, insertion_task):
             # e.g. an insertion checkpoint given to fairseq-generate --task translation, whose autoregressive
             # beam search would fail deep inside fairseq
-            raise ValueError(f"an Insertion Transformer (--arch {getattr(args, 'arch', MODEL_NAME)}) is trained "
-                             f"and decoded by the insertion_translation task, not {type(task).__name__}: add "
+            files = ", ".join(command_line_checkpoints(getattr(task, "cfg", None)))  # --path, when decoding
+            raise ValueError(f"{files + ': ' if files else ''}an Insertion Transformer (--arch "
+                             f"{getattr(args, 'arch', MODEL_NAME)}) is trained and decoded by the "
+                             f"insertion_translation task, not {type(task).__name__}: add "
                              "--user-dir REPO/fairseq_insertion --task insertion_translation")
         base_architecture(args)
         model = super().build_model(args, task)

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import math
+import os
 import subprocess
 import sys
 import tarfile
@@ -223,12 +224,13 @@ def test_score_script_names_bad_files_and_writes_json_through_a_closed_pipe(tmp_
     ref.write_bytes(b"w2 \xff w1\n")
     score = [sys.executable, REPO / "examples" / "multi30k" / "score.py", "--generate-output", gen,
              "--reference", ref, "--lang", "de", "--json", tmp_path / "s.json"]
-    proc = run(score, check=False)
-    assert proc.returncode == 1 and f"{ref}" in proc.stderr and "UTF-8" in proc.stderr
+    proc = run(score)
+    assert f"--reference {ref} line 1: invalid UTF-8" in proc.stderr and "sentences: 1" in proc.stdout
     ref.write_text("w2 w1\n")
-    piped = subprocess.Popen([str(c) for c in score], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    piped = subprocess.Popen([str(c) for c in score], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))  # each print reaches the pipe at once
     piped.stdout.close()  # as `score.py ... | head -0`
-    piped.wait(timeout=120)
+    assert piped.wait(timeout=120) == 0 and b"BrokenPipeError" not in piped.stderr.read()
     assert json.loads((tmp_path / "s.json").read_text())["sentences"] == 1
 
 
@@ -277,7 +279,9 @@ def test_files_that_are_not_insertion_checkpoints_get_one_clear_error(trained, t
     assert f"--path {tmp_path / 'checkpoint.pt'}: cannot be read as a fairseq checkpoint" in proc.stderr
     proc = run(["fairseq-generate", trained / "bin", "--user-dir", PLUGIN, "--task", "translation", "--path",
                 trained / "ckpt" / "checkpoint_last.pt", "--cpu", "--batch-size", "2"], check=False)
-    assert proc.returncode != 0 and "--task insertion_translation" in proc.stderr.splitlines()[-1]
+    last = proc.stderr.splitlines()[-1]
+    assert proc.returncode != 0 and "--task insertion_translation" in last
+    assert f"{trained / 'ckpt' / 'checkpoint_last.pt'}: an Insertion Transformer" in last
 
 
 def test_an_autoregressive_model_says_which_insertion_options_it_ignores(trained, caplog):

@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ScoreError(f"no H- lines found in {args.generate_output}")
         try:
             references = read_reference(args.reference)
-        except UnicodeDecodeError as exc:
-            raise ScoreError(f"--reference {args.reference}: invalid UTF-8 at byte {exc.start} ({exc.reason}); "
-                             "references are compared as text, so give the file in UTF-8") from None
+        except UnicodeDecodeError:  # read as the plugin reads input: U+FFFD, a warning naming each line
+            from fairseq_insertion.fairseq_fixes import read_text_lines
+
+            references = read_text_lines(str(args.reference), "--reference")
         result = score(gen, references, args.lang, args.p_specials)
     except ScoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
