@@ -9,7 +9,9 @@ standard library only.
 * :func:`safe_extract`, :func:`local_model_dir`: fairseq's ``from_pretrained``
   extracts archives with no member filter and replaces the archive by a folder.
 * :func:`tolerant_interactive_input`: fairseq-interactive opens ``--input
-  FILE`` strictly and strips its lines.
+  FILE`` strictly and strips its lines; :func:`constraint_lines_on_stdin`: on
+  standard input with ``--constraints`` that strip turns a tab-led line (an
+  empty source with constraints) into a source.
 * :func:`command_line_checkpoints`: fairseq-generate and -interactive load
   ``--path`` with torch's loader, whose error for a file that is not a
   checkpoint suggests ``weights_only=False``.
@@ -83,6 +85,47 @@ def tolerate_invalid_utf8_stdin() -> None:
     if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
         stdin.reconfigure(errors="replace")
         logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")
+
+
+class ConstraintLines(io.TextIOBase):
+    """Standard input for fairseq-interactive ``--constraints``: a line that starts with a tab (an empty
+    source with constraints, which fairseq's strip would turn into a source) is read as an empty line, with
+    a warning naming its line number; every other line, and everything else, is the stream's."""
+
+    def __init__(self, stream: Any):
+        self._stream, self._lines = stream, 0
+
+    def readline(self, size: int = -1) -> str:  # type: ignore[override]
+        line = self._stream.readline()
+        if not line:
+            return line
+        self._lines += 1
+        source, tab, rest = line.partition("\t")
+        if tab and not source.strip() and rest.strip():
+            logger.warning("standard input line %d: an empty source with constraints (%r), which "
+                           "fairseq-interactive would read as the source; not translated, its output is empty",
+                           self._lines, rest.rstrip("\n"))
+            return "\n"
+        return line
+
+    def readable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, buffer, ...
+        return getattr(self._stream, name)
+
+
+def constraint_lines_on_stdin(task_cfg: Any) -> bool:
+    """fairseq-interactive reading standard input with ``--constraints``: wrap ``sys.stdin`` in
+    :class:`ConstraintLines` (once) before fairseq opens it. True when it is wrapped."""
+    root = _root(task_cfg)
+    if root is None or root.get("interactive") is None or not getattr(root.get("generation"), "constraints", None):
+        return False
+    if getattr(root.get("interactive"), "input", "-") != "-":
+        return False
+    if not isinstance(sys.stdin, ConstraintLines):
+        sys.stdin = ConstraintLines(sys.stdin)
+    return True
 
 
 def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:

@@ -18,6 +18,7 @@ from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig
 from .fairseq_fixes import (
     command_line_checkpoints,
+    constraint_lines_on_stdin,
     keep_remainder_batch,
     tolerant_interactive_input,
     tolerate_invalid_utf8_stdin,
@@ -153,6 +154,7 @@ class InsertionTranslationTask(TranslationTask):
         fairseq's own generator at the same ``--decode-precision``."""
         tolerate_invalid_utf8_stdin()
         tolerant_interactive_input(self.cfg)
+        constraint_lines_on_stdin(self.cfg)
         constraint_order = getattr(args, "constraints", None)
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])

@@ -198,6 +198,10 @@ def test_empty_source_with_constraints_and_unknown_constraint_words_are_named(tr
     assert len(hyps) == 3 and hyps[1] == "" and "w3" in hyps[0].split()
     assert f"--input {path} line 2: an empty source with constraints ('w5 w6')" in log
     assert "source line 'w7': its constraints hold 1 word(s) not in the target dictionary" in log
+    # the same lines on standard input
+    hyps, log = interactive(trained, ["w1 w2\tw3", "\tw5 w6", "w7\tzz9"], "--constraints", "ordered")
+    assert len(hyps) == 3 and hyps[1] == "" and "w3" in hyps[0].split()
+    assert "standard input line 2: an empty source with constraints ('w5 w6')" in log
 
 
 # ---------------------------------------------------------------- invalid UTF-8 in input files
