@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -38,12 +39,18 @@ FLAGS = {
     "block_neighbour_copies": "--block-neighbour-copies", "no_repeat_ngram_size": "--no-repeat-ngram-size",
     "close_ended_slots": "--close-ended-slots", "constraint_order": "--constraints", "lenpen": "--lenpen",
     "retain_history": "--retain-iter-history", "precision": "--decode-precision", "rerank_with": "--rerank-with",
-    "rerank_weight": "--rerank-weight",
+    "rerank_weight": "--rerank-weight", "unkpen": "--unkpen",
+    "nbest": "--nbest", "beam": "--beam",  # fairseq's, checked by check_search_options
 }
 
 
 class DecodingError(ValueError):
     """A decoding option with a value that means nothing; the message names the option and the value."""
+
+    def command_line(self) -> str:
+        """The message as a command line says it: the flags without their hub keywords
+        (``--max-len-b must be ...`` for ``--max-len-b (max_len_b=) must be ...``)."""
+        return re.sub(r"(--[\w-]+) \(\w+=\)", r"\1", str(self))
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class DecodingConfig:
     constraint_order: ``ordered`` (constraints kept in the given order) or
     ``unordered`` (placed in the order the unconstrained translation suggests).
     lenpen: hypothesis score = log-probability / (n + 1) ** lenpen (fairseq's ``--lenpen``).
+    unkpen: subtracted from the unknown word's log-probability when choosing (fairseq's ``--unkpen``).
     retain_history: keep every intermediate canvas (``--retain-iter-history``).
     precision: ``fp32``, ``bf16`` or ``int8`` (CPU) for every model the decode uses.
     rerank_with: a fairseq transformer checkpoint that chooses among the candidates.
@@ -83,6 +91,7 @@ class DecodingConfig:
     close_ended_slots: bool = False
     constraint_order: str = "ordered"
     lenpen: float = 1.0
+    unkpen: float = 0.0
     retain_history: bool = False
     precision: str = "fp32"
     rerank_with: Optional[str] = None
@@ -100,6 +109,7 @@ class DecodingConfig:
         set_(self, "max_iterations", _integer(self, "max_iterations", minimum=0))
         set_(self, "no_repeat_ngram_size", _integer(self, "no_repeat_ngram_size", minimum=0))
         set_(self, "lenpen", _number(self, "lenpen"))
+        set_(self, "unkpen", _number(self, "unkpen"))
         set_(self, "rerank_weight", _number(self, "rerank_weight"))
         for name in ("block_neighbour_copies", "close_ended_slots", "retain_history"):
             set_(self, name, _flag(self, name))
@@ -130,7 +140,7 @@ class DecodingConfig:
     def from_options(cls, task_cfg: Any, gen_args: Any = None) -> "DecodingConfig":
         """The command line's (and the hub's) options: the ``insertion_translation`` task's
         fields and fairseq's generation options (``--max-len-a/b``, ``--no-repeat-ngram-size``,
-        ``--lenpen``, ``--constraints``, ``--retain-iter-history``). A generation option of the
+        ``--lenpen``, ``--unkpen``, ``--constraints``, ``--retain-iter-history``). A generation option of the
         same name as a task field (a hub keyword, e.g. ``translate(s, eos_penalty=2)``) wins."""
         def get(name: str, default: Any = None) -> Any:
             value = getattr(gen_args, name, None) if gen_args is not None else None
@@ -152,6 +162,7 @@ class DecodingConfig:
             close_ended_slots=get("close_ended_slots", d.close_ended_slots),
             constraint_order=str(get("constraints", None) or d.constraint_order),
             lenpen=get("lenpen", d.lenpen),
+            unkpen=get("unkpen", d.unkpen),
             retain_history=get("retain_iter_history", d.retain_history),
             precision=str(get("decode_precision", d.precision)),
             rerank_with=get("rerank_with") or None,
@@ -171,6 +182,14 @@ def parse_betas(value: Any) -> Tuple[float, ...]:
     except (TypeError, ValueError):
         raise DecodingError(f"{_name('eos_penalties')} takes comma-separated numbers, e.g. 0,1,2,3,4; "
                             f"got {value!r}") from None
+
+
+def check_search_options(gen_args: Any) -> None:
+    """fairseq's ``--nbest`` and ``--beam`` (hub: ``nbest=``, ``beam=``), read around the generator
+    (how many hypotheses are printed; fairseq's search for an autoregressive model): integers >= 1."""
+    for name in ("nbest", "beam"):
+        if getattr(gen_args, name, None) is not None:
+            _integer(gen_args, name, minimum=1)
 
 
 def _name(field: str) -> str:
@@ -196,7 +215,7 @@ def _number(cfg: DecodingConfig, field: str, minimum: Optional[float] = None) ->
     return x
 
 
-def _integer(cfg: DecodingConfig, field: str, minimum: int) -> int:
+def _integer(cfg: Any, field: str, minimum: int) -> int:
     value = getattr(cfg, field)
     x = _as_float(value)
     if isinstance(value, bool) or not isinstance(x, float) or not math.isfinite(x) or x != int(x) or x < minimum:

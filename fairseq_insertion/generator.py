@@ -91,7 +91,8 @@ class InsertionGenerator:
     last, the end-of-slot decisions that ended it, the sum of log p(eos, l)
     over the slots that chose end-of-slot in the final pass (for greedy
     sequence finalization: the end-of-sequence (slot, eos) that won). EOS
-    penalties shape the decisions but never enter these log-probabilities.
+    penalties shape the decisions but never enter these log-probabilities
+    (``unkpen``, as fairseq's ``--unkpen``, does: an inserted ``<unk>`` scores it).
     ``log_prob`` is their sum; ``score`` is ``log_prob / (n + 1) ** lenpen``
     (fairseq's ``--lenpen``; n tokens plus the termination term), and
     ``rerank``'s scores use the same ``lenpen``.
@@ -157,11 +158,10 @@ class InsertionGenerator:
         max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
-        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
+        init = self._initial_canvas(constraints, B, device)
+        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1), init.lengths.gt(0))
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)
-
-        init = self._initial_canvas(constraints, B, device)
         max_len = torch.where(empty, init.lengths, max_len)
         too_long = init.lengths > max_len  # (B,) constraints that do not fit: that line's output is empty
         if bool(too_long.any()):
@@ -284,6 +284,8 @@ class InsertionGenerator:
             content[:, self.eos] -= cfg.betas[0]
         else:  # each slot its row's beta
             content[:, self.eos] -= state.eos_penalty.unsqueeze(1).expand(A, S)[open_]
+        if cfg.unkpen:
+            content[:, self.tgt_dict.unk()] -= cfg.unkpen
         content[:, self.bos] = float("-inf")
         content[:, self.pad] = float("-inf")
         best, tok = content.max(-1)  # (N,)
@@ -339,13 +341,14 @@ class InsertionGenerator:
             return f"sentence {int(sample['id'][i])}"
         return f"source line {self.src_dict.string(src_tokens[i][src_tokens[i].ne(self.src_pad)])!r}"
 
-    def _report_inputs(self, sample, src_tokens: Tensor, empty: Tensor, unknown: Tensor) -> None:
-        """Name the lines that are empty or hold unknown words (one host sync)."""
+    def _report_inputs(self, sample, src_tokens: Tensor, empty: Tensor, unknown: Tensor, given: Tensor) -> None:
+        """Name the lines that are empty (``given``: those with constraints) or hold unknown words."""
         flagged = (empty | unknown.gt(0)).nonzero().flatten().tolist()
         for i in flagged:
             line = self._line_name(sample, src_tokens, i)
             if empty[i]:
-                logger.warning("%s: empty source line; its translation is empty", line)
+                logger.warning("%s: empty source line; its translation is %s", line,
+                               "its constraints" if given[i] else "empty")
             else:
                 logger.warning("%s: %d unknown source word(s), read as <unk>", line, int(unknown[i]))
 

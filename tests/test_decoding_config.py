@@ -9,10 +9,10 @@ import pytest
 from fairseq.dataclass.configs import GenerationConfig
 from omegaconf import OmegaConf, open_dict
 
-from fairseq_insertion.decoding import FLAGS, DecodingConfig, DecodingError
+from fairseq_insertion.decoding import FLAGS, DecodingConfig, DecodingError, check_search_options
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.task import InsertionTranslationConfig
-from tests.test_decoding import make_dict
+from tests.test_decoding import OracleModel, decode, make_dict, random_targets
 
 
 def _generation(**values):
@@ -70,6 +70,7 @@ NONSENSE = [
     ("max_len_b", -1), ("max_len_b", 2.5), ("max_len_b", math.nan), ("max_len_b", math.inf),
     ("max_iterations", -1), ("max_iterations", 1.5), ("max_iterations", math.nan),
     ("no_repeat_ngram_size", 1), ("no_repeat_ngram_size", -2), ("no_repeat_ngram_size", math.inf),
+    ("unkpen", math.nan), ("unkpen", -math.inf),
     ("decoding", "beam"), ("constraint_order", "sorted"), ("precision", "fp8"),
     ("block_neighbour_copies", "yes"), ("close_ended_slots", 2),
 ]
@@ -101,3 +102,39 @@ def test_the_cli_refuses_nonsense_before_decoding(tmp_path):
     task, _ = build_task(tmp_path / "bin", "--eos-penalty", "1.5")
     with pytest.raises(DecodingError, match=r"--lenpen \(lenpen=\) must be a finite number, got inf"):
         task.build_generator([], argparse.Namespace(lenpen=math.inf))
+
+
+def test_command_line_messages_name_the_flag_and_the_value():
+    with pytest.raises(DecodingError) as err:
+        DecodingConfig(max_len_b=-5)
+    assert str(err.value) == "--max-len-b (max_len_b=) must be an integer >= 0, got -5"  # the hub's
+    assert err.value.command_line() == "--max-len-b must be an integer >= 0, got -5"
+    with pytest.raises(DecodingError) as err:
+        DecodingConfig(rerank_with="t.pt", eos_penalties=(1,))
+    assert err.value.command_line().startswith("--rerank-with t.pt chooses among candidates: give several with "
+                                               "--eos-penalties")
+
+
+@pytest.mark.parametrize("name,value", [("nbest", 0), ("nbest", -1), ("beam", 0), ("nbest", 1.5), ("beam", True)])
+def test_nbest_and_beam_must_be_counts(name, value):
+    with pytest.raises(DecodingError, match=rf"--{name} \({name}=\) must be an integer >= 1, got {value!r}"):
+        check_search_options(argparse.Namespace(**{name: value}))
+    check_search_options(_generation(nbest=3, beam=1))
+
+
+def test_unkpen_is_honoured():
+    """fairseq's --unkpen: subtracted from <unk>'s log-probability when choosing (0: off)."""
+    d = make_dict()
+    targets = random_targets(d, [5], seed=5)
+
+    class FondOfUnk(OracleModel):
+        def _decode(self, framed, encoder_out=None):
+            content, location = super()._decode(framed, encoder_out)
+            content[..., d.unk()] = 10.5  # beats every right token (10) and end-of-slot
+            return content, location
+
+    _, [[h]] = decode(FondOfUnk(d, targets), d, targets, max_iterations=1)  # (the oracle reads no <unk>)
+    assert h["tokens"].tolist() == [d.unk(), d.eos()]
+    _, [[h]] = decode(FondOfUnk(d, targets), d, targets, unkpen=1.0)
+    assert h["tokens"].tolist() == targets[0] + [d.eos()]
+    assert DecodingConfig.from_options(InsertionTranslationConfig(), _generation(unkpen=2)).unkpen == 2.0
