@@ -495,3 +495,33 @@ def repeated_tokens(framed: Tensor, ngram: int, neighbours: bool, special: Tuple
     for s in special:
         never |= out.eq(s)
     return out.masked_fill(never, pad)
+
+
+# ----------------------------------------------------------------------------
+# Word edges of constraints (decoding): constraint tokens stay whole words
+# ----------------------------------------------------------------------------
+def word_edge_slots(framed: Tensor, given: Tensor, joins_next: Tensor, eos: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per slot, what the word-edge rule forbids next to the given (constraint) tokens.
+
+    framed: (B, K+2) ``[bos] canvas [eos]``, right-padded; slot ``l`` lies between
+    columns l and l+1. given: (B, K) the canvas tokens that are constraint tokens.
+    joins_next: (V,) bool, the vocabulary entries that form one word with the
+    token after them (subword-nmt's ``x@@``), False for the special symbols.
+
+    Returns three (B, S) bool tensors (S = K+1), to be read at the open slots only:
+
+    * no_next: the slot may not receive a token that joins the next one: the slot
+      right before a constraint token, and a slot that must complete a word;
+    * no_prev: the slot may not receive a token that joins the previous one: the
+      slot right after a constraint token;
+    * no_end: the slot may not choose end-of-slot: it must complete a word, because
+      its left neighbour is a constraint token that continues into the next token
+      (``schö@@``) and its right neighbour is end-of-sentence or a constraint token.
+      Filled with a token that does not join the next, such a slot is done: its
+      new slots need nothing more.
+    """
+    gf = torch.nn.functional.pad(given, (1, 1), value=False)  # (B, K+2), bos and eos are not given
+    left_given, right_given = gf[:, :-1], gf[:, 1:]  # (B, S)
+    left_joins = joins_next[framed[:, :-1]]  # (B, S)
+    complete = left_given & left_joins & (right_given | framed[:, 1:].eq(eos))
+    return right_given | complete, left_given, complete

@@ -244,6 +244,72 @@ def _betas(value: Any) -> Tuple[float, ...]:
     return betas
 
 
+# ---------------------------------------------------------------- word edges
+# the subword schemes of fairseq's --post-process whose word edges the decoder keeps at constraints; the
+# dictionary says which one it uses (WordEdges.from_dictionary)
+WORD_SCHEMES = ("subword_nmt", "_EOW", "sentencepiece", "none")
+SENTENCEPIECE_SPACE = "\u2581"
+
+
+class WordEdges(NamedTuple):
+    """Which dictionary entries glue onto a neighbour in the post-processed text, so that a
+    constraint can be kept whole words (see :func:`canvas.word_edge_slots`).
+
+    ``subword_nmt`` (``@@ ``): a piece ending in ``@@`` joins the next token. ``_EOW``: a
+    piece not ending in ``_EOW`` joins the next token. ``sentencepiece`` (``▁`` starts a
+    word): a piece without ``▁`` that holds a letter or digit joins the previous token
+    (punctuation such as ``.`` after a word keeps the word whole). ``none``: every token
+    is a word. Special symbols join nothing.
+    """
+
+    scheme: str
+    joins_next: Tensor  # (V,) bool
+    joins_prev: Tensor  # (V,) bool
+
+    @property
+    def active(self) -> bool:
+        return self.scheme != "none"
+
+    @property
+    def joins_next_any(self) -> bool:
+        return self.scheme in ("subword_nmt", "_EOW")
+
+    @property
+    def joins_prev_any(self) -> bool:
+        return self.scheme == "sentencepiece"
+
+    def to(self, device) -> "WordEdges":
+        return self._replace(joins_next=self.joins_next.to(device), joins_prev=self.joins_prev.to(device))
+
+    @classmethod
+    def from_dictionary(cls, dictionary, scheme: Optional[str] = None) -> "WordEdges":
+        """The word edges of a fairseq dictionary. ``scheme``: one of :data:`WORD_SCHEMES`, or
+        None: the one most of the dictionary's entries are marked for (``@@`` at the end,
+        ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
+        symbols = list(dictionary.symbols)
+        words = symbols[dictionary.nspecial:]
+        if scheme is None:
+            marked = {"subword_nmt": sum(w.endswith("@@") for w in words),
+                      "_EOW": sum(w.endswith("_EOW") for w in words),
+                      "sentencepiece": sum(w.startswith(SENTENCEPIECE_SPACE) for w in words)}
+            best = max(marked, key=marked.get)
+            scheme = best if marked[best] else "none"
+        if scheme not in WORD_SCHEMES:
+            raise ValueError(f"word scheme must be one of {WORD_SCHEMES}, got {scheme!r}")
+        special = [i < dictionary.nspecial for i in range(len(symbols))]
+        if scheme == "subword_nmt":
+            nxt = [w.endswith("@@") for w in symbols]
+        elif scheme == "_EOW":
+            nxt = [not w.endswith("_EOW") for w in symbols]
+        else:
+            nxt = [False] * len(symbols)
+        prev = [scheme == "sentencepiece" and not w.startswith(SENTENCEPIECE_SPACE) and any(c.isalnum() for c in w)
+                for w in symbols]
+        keep = torch.tensor([not s for s in special], dtype=torch.bool)
+        return cls(scheme=scheme, joins_next=torch.tensor(nxt, dtype=torch.bool) & keep,
+                   joins_prev=torch.tensor(prev, dtype=torch.bool) & keep)
+
+
 # ---------------------------------------------------------------- the state of the loop
 class Canvases(NamedTuple):
     """The decoding state: one row per sentence (the active ones inside the loop). Built and
@@ -260,26 +326,32 @@ class Canvases(NamedTuple):
     max_len: Tensor  # (A,) length limit
     eos_penalty: Tensor  # (A,) beta of each row (several per sentence with eos_penalties)
     history: Optional[List[List[Dict]]] = None  # per batch row, every canvas it went through (retain_history)
+    given: Optional[Tensor] = None  # (A, K) the constraint tokens, when their word edges are kept
 
     @classmethod
-    def start(cls, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, retain_history: bool) -> "Canvases":
-        """The state before the first pass, from the initial canvas of every row."""
-        B, device = init.tokens.size(0), init.tokens.device
+    def start(cls, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, retain_history: bool,
+              word_edges: bool = False) -> "Canvases":
+        """The state before the first pass, from the initial canvas of every row; ``word_edges``:
+        mark its tokens as given (:attr:`given`), for the word-edge rule."""
+        B, K, device = init.tokens.size(0), init.tokens.size(1), init.tokens.device
+        given = torch.arange(K, device=device).unsqueeze(0) < init.lengths.unsqueeze(1) if word_edges else None
         return cls(rows=torch.arange(B, device=device), tokens=init.tokens,
                    scores=torch.zeros(init.tokens.shape, device=device), closed_before=init.closed_before,
                    closed_end=init.closed_end, lengths=init.lengths.clone(),
                    iterations=torch.zeros(B, dtype=torch.long, device=device),
                    final_eos=torch.zeros(B, device=device), max_len=max_len, eos_penalty=eos_penalty,
-                   history=[[] for _ in range(B)] if retain_history else None)
+                   history=[[] for _ in range(B)] if retain_history else None, given=given)
 
     def take(self, idx: Tensor) -> "Canvases":
         """The rows ``idx`` (N,) (the history is per batch row and stays shared)."""
-        return self._replace(**{name: getattr(self, name).index_select(0, idx) for name in _ROW_FIELDS})
+        return self._replace(**{name: getattr(self, name).index_select(0, idx) for name in _ROW_FIELDS
+                                if getattr(self, name) is not None})
 
     def trimmed(self, width: int) -> "Canvases":
         """The per-token tensors cut to ``width`` columns."""
         return self._replace(tokens=self.tokens[:, :width], scores=self.scores[:, :width],
-                             closed_before=self.closed_before[:, :width])
+                             closed_before=self.closed_before[:, :width],
+                             given=None if self.given is None else self.given[:, :width])
 
     def widened(self, width: int, pad: int) -> "Canvases":
         """A copy whose per-token tensors are at least ``width`` wide (the result buffer)."""

@@ -37,6 +37,7 @@ from .decoding import (
     Insertions,
     SlotScores,
     Step,
+    WordEdges,
     choose_step,
 )
 
@@ -111,7 +112,12 @@ class InsertionGenerator:
 
     Hard constraints (``constraints=`` of :meth:`generate`) are put on the
     initial canvas in order and never split: the slots inside a constraint are
-    closed. ``constraint_order="unordered"`` first decodes without them and
+    closed. They stay whole words: the dictionary's subword scheme
+    (:class:`~fairseq_insertion.decoding.WordEdges`) says which tokens glue onto
+    a neighbour, and no such token is inserted against a constraint's edge; a
+    constraint whose last piece continues into the next token (``schö@@``) is
+    completed by a token that does not, before end-of-sentence or the next
+    constraint (:func:`canvas.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
     places them in the order in which their first tokens first occur in that
     translation (absent ones after, in the given order; lines with a template
     anchored at the start or end keep the given order).
@@ -128,6 +134,7 @@ class InsertionGenerator:
         self.bos, self.eos, self.pad = tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad()
         self.src_dict = src_dict if src_dict is not None else tgt_dict
         self.src_pad, self.src_eos, self.src_unk = self.src_dict.pad(), self.src_dict.eos(), self.src_dict.unk()
+        self.word_edges = WordEdges.from_dictionary(tgt_dict)  # which tokens glue onto a neighbour
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
                       "batches": 0}
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
@@ -182,7 +189,8 @@ class InsertionGenerator:
             first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, step,
                                  close_ended, retain_history=False).canvases
             init = _reorder_constraints(init, first.tokens, first.lengths)
-        result = self._decode(model, cache, init, max_len, beta, step, close_ended, cfg.retain_history)
+        edges = self.word_edges.to(device) if self.word_edges.active and init.tokens.size(1) > 0 else None
+        result = self._decode(model, cache, init, max_len, beta, step, close_ended, cfg.retain_history, edges)
         out = result.canvases
 
         rows = []
@@ -213,15 +221,16 @@ class InsertionGenerator:
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
     def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, step: Step,
-                close_ended: bool, retain_history: bool) -> DecodeResult:
+                close_ended: bool, retain_history: bool, edges: Optional[WordEdges] = None) -> DecodeResult:
         """The insertion loop from ``init``: predict, choose, insert, stop, with finished
         sentences leaving the batch.
 
         Closed slots never receive an insertion and count as finished (as if
-        they chose end-of-slot). Returns the final canvases of all B rows (in
+        they chose end-of-slot). ``edges``: keep the initial tokens (the
+        constraints) whole words. Returns the final canvases of all B rows (in
         batch order) and the number of forward passes.
         """
-        state = Canvases.start(init, max_len, eos_penalty, retain_history)
+        state = Canvases.start(init, max_len, eos_penalty, retain_history, word_edges=edges is not None)
         B, K = state.tokens.shape
         lengths = state.lengths
         closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
@@ -236,7 +245,7 @@ class InsertionGenerator:
         for _ in range(max_iter + 1):
             if n_active == 0:
                 break
-            scores = self._predict(model, state, cache)
+            scores = self._predict(model, state, cache, edges)
             choice = step(scores, state.max_len - state.lengths, self.eos)
             passes += 1
             before = state.lengths
@@ -261,7 +270,7 @@ class InsertionGenerator:
         idx = keep.long().argsort(descending=True, stable=True)[:n_keep]  # kept rows first, in order
         return state.take(idx).trimmed(width), model.reorder_decoding_cache(cache, idx)
 
-    def _predict(self, model, state: Canvases, cache) -> SlotScores:
+    def _predict(self, model, state: Canvases, cache, edges: Optional[WordEdges] = None) -> SlotScores:
         """One forward pass: the best token and its log p(c | l) for every open slot.
 
         Only the open slots are projected onto the vocabulary, and only the
@@ -288,12 +297,18 @@ class InsertionGenerator:
             content[:, self.tgt_dict.unk()] -= cfg.unkpen
         content[:, self.bos] = float("-inf")
         content[:, self.pad] = float("-inf")
+        sequence = cfg.decoding == "greedy" and _termination(model) == "sequence"
+        end = None if edges is None else self._keep_word_edges(content, framed, state.given, open_, edges, sequence)
         best, tok = content.max(-1)  # (N,)
+        if end is not None:  # a slot the rule left without any token may end
+            stuck = best.isneginf()
+            content[:, self.eos] = torch.where(stuck, end, content[:, self.eos])
+            best, tok = torch.where(stuck, end, best), tok.masked_fill(stuck, self.eos)
         tokens = torch.full((A, S), self.eos, dtype=torch.long, device=framed.device).masked_scatter(open_, tok)
         log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
         eos_joint = location.new_full((A, S), float("-inf")).masked_scatter(open_, eos_lp) + location  # (A, S)
         full = None
-        if cfg.decoding == "greedy" and _termination(model) == "sequence":
+        if sequence:
             full = content.new_full((A, S, content.size(-1)), float("-inf"))
             full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
             final_eos = eos_joint.max(1).values  # the end-of-sequence decision: its best (slot, eos)
@@ -301,6 +316,24 @@ class InsertionGenerator:
             final_eos = eos_joint.masked_fill(~(open_ & tokens.eq(self.eos)), 0.0).sum(1)
         return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos,
                           content=full)
+
+    def _keep_word_edges(self, content: Tensor, framed: Tensor, given: Tensor, open_: Tensor, edges: WordEdges,
+                         sequence: bool) -> Tensor:
+        """The word-edge rule on the open slots' scores ``content`` (N, V), in place: next to a
+        constraint token no token that glues onto it, and end-of-slot forbidden where a constraint's
+        word must be completed (:func:`canvas.word_edge_slots`); with sequence finalization, no
+        end-of-sequence while a sentence has such a slot. Returns the end-of-slot scores before the
+        rule (N,), for a slot left with no allowed token at all (a tiny vocabulary), which may end."""
+        no_next, no_prev, no_end = C.word_edge_slots(framed, given, edges.joins_next, self.eos)  # (A, S)
+        if sequence:
+            no_end = no_end.any(1, keepdim=True) & open_
+        end = content[:, self.eos].clone()
+        if edges.joins_next_any:
+            content.masked_fill_(no_next[open_].unsqueeze(1) & edges.joins_next, float("-inf"))
+        if edges.joins_prev_any:
+            content.masked_fill_(no_prev[open_].unsqueeze(1) & edges.joins_prev, float("-inf"))
+        content[:, self.eos].masked_fill_(no_end[open_], float("-inf"))
+        return end
 
     def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
                 close_ended: bool) -> Pass:
@@ -323,6 +356,8 @@ class InsertionGenerator:
             tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
             scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
             closed_before=C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
+            given=None if state.given is None else C.place(dest, state.given, torch.zeros_like(choice.mask), width,
+                                                           False),
             closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos,
         )
         return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
