@@ -1,0 +1,428 @@
+"""Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
+
+    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [decoding options]
+
+DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
+
+* ``encoder.onnx``: source tokens (B, S) -> every decoder layer's encoder-attention keys and
+  values, ``keys``/``values`` (L, B, heads, S, head dim), computed once per batch;
+* ``pass.onnx``: one decoding pass: framed canvases (A, T+2), the cached keys and values, the
+  source padding, the open slots (N flat indices into the A x (T+1) slots), the tokens each open
+  slot may not receive (N, M) and each open slot's EOS penalty (N,) -> each open slot's best
+  token, its log p(c | l) and its end-of-slot log-probability (N,), and log p(l) of every slot
+  (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
+  leaves the graph;
+* ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
+* ``settings.json``: the model's ids and sizes and the decoding's options
+  (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here).
+
+Batch, source length, canvas length and the number of open slots are dynamic axes. ``--int8``
+quantizes the graphs' weights with onnxruntime's dynamic quantization (int8 weights, activations
+quantized per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from .decoding import FLAGS, DecodingConfig, DecodingError
+from .fast_decoder import cacheable
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+OPSET = 17
+IR_VERSION = 8  # the oldest that opset 17 allows: readable by every onnxruntime since 1.13
+ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
+VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
+# the DecodingConfig fields the runtime decodes with (candidates, reranking and constraints stay in fairseq)
+RUNTIME_OPTIONS = ("decoding", "eos_penalty", "max_len_a", "max_len_b", "max_iterations", "block_neighbour_copies",
+                   "no_repeat_ngram_size", "close_ended_slots", "lenpen")
+
+
+class ExportError(ValueError):
+    """A model or an input the export cannot take; the message names it."""
+
+
+class Graph:
+    """A small ONNX graph builder: weights become initializers, every node gets a fresh output name."""
+
+    def __init__(self, name: str):
+        self.name, self.nodes, self.initializers, self._count = name, [], [], 0
+
+    def _fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, value, hint: str = "const") -> str:
+        array = value.detach().float().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
+        name = self._fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.array(array, copy=True, order="C"), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.asarray(values, dtype=np.int64), "shape")
+
+    def scalar(self, value: float) -> str:
+        return self.const(np.asarray(value, dtype=np.float32), "scalar")
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs):
+        names = [self._fresh(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0], **attrs))
+        return names[0] if outputs == 1 else names
+
+    def output(self, op_type: str, name: str, *inputs: str, **attrs) -> str:
+        """A node whose output is a graph output called ``name``."""
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
+        return name
+
+    def model(self, inputs: list, outputs: list) -> "onnx.ModelProto":
+        graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="fairseq_insertion.export")
+        model.ir_version = IR_VERSION
+        onnx.checker.check_model(model)
+        return model
+
+
+def _io(name: str, dtype: int, dims: Sequence) -> "onnx.ValueInfoProto":
+    return helper.make_tensor_value_info(name, dtype, list(dims))
+
+
+def _linear(g: Graph, x: str, linear: nn.Linear, scale: float = 1.0) -> str:
+    """x W^T + b, with W and b multiplied by ``scale`` (fairseq's query scaling, folded in)."""
+    y = g.op("MatMul", x, g.const(linear.weight.t() * scale, "weight"))
+    return y if linear.bias is None else g.op("Add", y, g.const(linear.bias * scale, "bias"))
+
+
+def _layer_norm(g: Graph, x: str, norm: Optional[nn.Module]) -> str:
+    if norm is None:
+        return x
+    return g.op("LayerNormalization", x, g.const(norm.weight, "ln_weight"), g.const(norm.bias, "ln_bias"),
+                axis=-1, epsilon=float(norm.eps))
+
+
+def _activation(g: Graph, x: str, fn) -> str:
+    from fairseq.modules.gelu import gelu
+
+    if fn is F.relu:
+        return g.op("Relu", x)
+    if fn is gelu:  # x * 0.5 * (1 + erf(x / sqrt(2)))
+        erf = g.op("Erf", g.op("Div", x, g.scalar(math.sqrt(2.0))))
+        return g.op("Mul", g.op("Mul", x, g.scalar(0.5)), g.op("Add", erf, g.scalar(1.0)))
+    raise ExportError(f"activation {getattr(fn, '__name__', fn)}: the export covers relu and gelu")
+
+
+def _heads(g: Graph, x: str, attn) -> str:
+    """(A, T, C) -> (A, heads, T, d)."""
+    return g.op("Transpose", g.op("Reshape", x, g.ints(0, 0, attn.num_heads, attn.head_dim)), perm=[0, 2, 1, 3])
+
+
+def _attend(g: Graph, q: str, k_t: str, v: str, bias: str, attn) -> str:
+    """softmax(q k^T + bias) v, heads merged and projected: q (A, H, T, d), k_t (A, H, d, S),
+    v (A, H, S, d), bias (A, 1, 1, S) additive (0 or -inf) -> (A, T, C)."""
+    probs = g.op("Softmax", g.op("Add", g.op("MatMul", q, k_t), bias), axis=-1)
+    merged = g.op("Reshape", g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3]),
+                  g.ints(0, 0, attn.embed_dim))
+    return _linear(g, merged, attn.out_proj)
+
+
+def _self_attention(g: Graph, x: str, attn, bias: str) -> str:
+    """fairseq's MultiheadAttention over x (A, T, C) itself, one fused q/k/v projection."""
+    fused = nn.Linear(attn.embed_dim, 3 * attn.embed_dim, bias=attn.q_proj.bias is not None)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([attn.q_proj.weight * attn.scaling, attn.k_proj.weight, attn.v_proj.weight]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([attn.q_proj.bias * attn.scaling, attn.k_proj.bias, attn.v_proj.bias]))
+    qkv = g.op("Transpose", g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, 3, attn.num_heads, attn.head_dim)),
+               perm=[2, 0, 3, 1, 4])  # (3, A, H, T, d)
+    q, k, v = (g.op("Gather", qkv, g.const(np.asarray(i, dtype=np.int64), "index"), axis=0) for i in range(3))
+    return _attend(g, q, g.op("Transpose", k, perm=[0, 1, 3, 2]), v, bias, attn)
+
+
+def _residual(g: Graph, x: str, norm: nn.Module, before: bool, sublayer) -> str:
+    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum."""
+    y = g.op("Add", x, sublayer(_layer_norm(g, x, norm) if before else x))
+    return y if before else _layer_norm(g, y, norm)
+
+
+def _ffn(g: Graph, layer) -> Callable[[str], str]:
+    return lambda h: _linear(g, _activation(g, _linear(g, h, layer.fc1), layer.activation_fn), layer.fc2)
+
+
+def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str:
+    """fairseq's token embedding x scale + positions (numbered 1, 2, ... over the real tokens,
+    padding_idx + position as fairseq's make_positions) + embedding layer norm; tokens (A, T)."""
+    x = g.op("Gather", g.const(module.embed_tokens.weight, "embed_tokens"), tokens)  # (A, T, C)
+    if module.embed_scale != 1.0:
+        x = g.op("Mul", x, g.scalar(module.embed_scale))
+    if getattr(module, "project_in_dim", None) is not None:
+        x = _linear(g, x, module.project_in_dim)
+    if module.embed_positions is not None:
+        pad = module.padding_idx
+        P = module.max_positions()
+        with torch.no_grad():  # the table as the module computes it: row pad + i for position i, 0 at pad
+            rows = module.embed_positions(torch.full((1, P), pad + 1, dtype=torch.long))[0]  # (P, C)
+            table = torch.cat([torch.zeros(pad + 1, rows.size(1)), rows.float()])
+        kept = g.op("Cast", keep, to=TensorProto.INT64)
+        positions = g.op("Add", g.op("Mul", g.op("CumSum", kept, g.const(np.asarray(1, np.int64), "axis")), kept),
+                         g.const(np.asarray(pad, np.int64), "pad"))
+        x = g.op("Add", x, g.op("Gather", g.const(table, "positions"), positions))
+    if getattr(module, "layernorm_embedding", None) is not None:
+        x = _layer_norm(g, x, module.layernorm_embedding)
+    if scale_padding:  # the encoder zeroes the embeddings of padding
+        x = g.op("Mul", x, g.op("Unsqueeze", g.op("Cast", keep, to=TensorProto.FLOAT), g.ints(-1)))
+    return x
+
+
+def _mask_bias(g: Graph, keep: str) -> str:
+    """(A, S) True where attending is allowed -> (A, 1, 1, S) additive bias, 0 or -inf."""
+    bias = g.op("Where", keep, g.scalar(0.0), g.scalar(float("-inf")))
+    return g.op("Unsqueeze", bias, g.ints(1, 2))
+
+
+def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
+    """src_tokens (B, S) -> keys (L, B, heads, d, S) (transposed for q k^T) and values (L, B, heads, S, d)
+    of every decoder layer's encoder attention. Mirrors fairseq's TransformerEncoderBase in inference."""
+    enc, dec = model.encoder, model.decoder
+    g = Graph("insertion_encoder")
+    keep = g.op("Not", g.op("Equal", "src_tokens", g.const(np.asarray(enc.padding_idx, np.int64), "pad")))
+    x = _embed(g, "src_tokens", keep, enc, scale_padding=True)
+    bias = _mask_bias(g, keep)
+    for layer in enc.layers:
+        before = layer.normalize_before
+        x = _residual(g, x, layer.self_attn_layer_norm, before,
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, bias))
+        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
+    x = _layer_norm(g, x, enc.layer_norm)
+    attn = [layer.encoder_attn for layer in dec.layers]
+    L, H, d = len(attn), attn[0].num_heads, attn[0].head_dim
+    fused = nn.Linear(enc.embed_tokens.embedding_dim, 2 * L * H * d)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([w for a in attn for w in (a.k_proj.weight, a.v_proj.weight)]))
+        fused.bias.copy_(torch.cat([b for a in attn for b in (a.k_proj.bias, a.v_proj.bias)]))
+    kv = g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, L, 2, H, d))  # (B, S, L, 2, H, d)
+    index = [g.const(np.asarray(i, dtype=np.int64), "index") for i in range(2)]
+    g.output("Transpose", "keys", g.op("Gather", kv, index[0], axis=3), perm=[2, 0, 3, 4, 1])
+    g.output("Transpose", "values", g.op("Gather", kv, index[1], axis=3), perm=[2, 0, 3, 1, 4])
+    return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
+                   [_io("keys", TensorProto.FLOAT, [L, "batch", H, d, "source"]),
+                    _io("values", TensorProto.FLOAT, [L, "batch", H, "source", d])])
+
+
+def pass_graph(model: nn.Module) -> "onnx.ModelProto":
+    """One decoding pass (see the module's docstring for its inputs and outputs)."""
+    dec = model.decoder
+    d = dec.dictionary
+    bos, eos, pad, V = d.bos(), d.eos(), d.pad(), len(d)
+    g = Graph("insertion_pass")
+    keep = g.op("Not", g.op("Equal", "framed", g.const(np.asarray(pad, np.int64), "pad")))  # (A, W)
+    x = _embed(g, "framed", keep, dec, scale_padding=False)  # (A, W, C)
+    bias = _mask_bias(g, keep)
+    src_bias = _mask_bias(g, g.op("Not", "src_padding"))
+    for i, layer in enumerate(dec.layers):
+        before, attn = layer.normalize_before, layer.encoder_attn
+        index = g.const(np.asarray(i, dtype=np.int64), "layer")
+        k_t, v = g.op("Gather", "keys", index, axis=0), g.op("Gather", "values", index, axis=0)
+        x = _residual(g, x, layer.self_attn_layer_norm, before,
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, bias))
+        x = _residual(g, x, layer.encoder_attn_layer_norm, before, lambda h, a=attn, k_t=k_t, v=v: _attend(
+            g, _heads(g, _linear(g, h, a.q_proj, a.scaling), a), k_t, v, src_bias, a))
+        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
+    x = _layer_norm(g, x, dec.layer_norm)
+    if dec.project_out_dim is not None:
+        x = _linear(g, x, dec.project_out_dim)
+    end = np.iinfo(np.int64).max
+    pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
+                 g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)
+    H = _linear(g, pairs, dec.slot_proj)  # (A, S, C) slot states
+    real = g.op("Slice", keep, g.ints(1), g.ints(end), g.ints(1))  # (A, S)
+    loc = g.op("Squeeze", g.op("MatMul", H, g.const(dec.head.location_query.unsqueeze(1), "location_query")),
+               g.ints(-1))
+    g.output("LogSoftmax", "location", g.op("Where", real, loc, g.scalar(float("-inf"))), axis=-1)
+    C = dec.output_projection.weight.size(1)
+    Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
+    content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
+    # the step rule on a shortlist: the best token after excluding bos, pad, eos and the blocked tokens is
+    # among the M + 4 highest raw scores (M blocked per slot); end-of-slot (never blocked) is judged apart
+    M = g.op("Slice", g.op("Shape", "blocked"), g.ints(1), g.ints(2), g.ints(0))  # (1,)
+    k = g.op("Min", g.op("Add", M, g.ints(4)), g.ints(V))
+    top, top_ids = g.op("TopK", content, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
+    first = g.op("Slice", top, g.ints(0), g.ints(1), g.ints(1))  # (N, 1) the largest score
+    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, first)), g.ints(1),
+                                       keepdims=1)), first)  # (N, 1) log-normaliser
+    eos_score = g.op("Gather", content, g.const(np.asarray([eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
+    g.output("Squeeze", "eos_log_probs", g.op("Sub", eos_score, lse), g.ints(1))
+    rows = g.op("Shape", eos_score, end=1)  # (1,) N
+    specials = g.op("Expand", g.const(np.asarray([[bos, pad, eos]], dtype=np.int64), "specials"),
+                    g.op("Concat", rows, g.ints(3), axis=0))  # (N, 3)
+    excluded = g.op("Concat", "blocked", specials, axis=1)  # (N, M + 3)
+    hit = g.op("Equal", g.op("Unsqueeze", top_ids, g.ints(2)), g.op("Unsqueeze", excluded, g.ints(1)))  # (N, k, M+3)
+    hit = g.op("ReduceMax", g.op("Cast", hit, to=TensorProto.FLOAT), axes=[2], keepdims=0)  # (N, k)
+    shortlist = g.op("Where", g.op("Cast", hit, to=TensorProto.BOOL), g.scalar(float("-inf")), top)
+    other = g.op("ReduceMax", shortlist, axes=[1], keepdims=1)  # (N, 1) the best token other than eos
+    other_id = g.op("GatherElements", top_ids, g.op("ArgMax", shortlist, axis=1, keepdims=1), axis=1)  # (N, 1)
+    eos_penalised = g.op("Sub", eos_score, g.op("Unsqueeze", "eos_penalty", g.ints(1)))  # (N, 1)
+    eos_wins = g.op("Not", g.op("Less", eos_penalised, other))  # ties: eos, the lower id, as an argmax
+    g.output("Squeeze", "tokens", g.op("Where", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id),
+             g.ints(1))
+    g.output("Squeeze", "log_probs", g.op("Sub", g.op("Where", eos_wins, eos_penalised, other), lse), g.ints(1))
+    L, heads, hd = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
+    return g.model(
+        [_io("framed", TensorProto.INT64, ["rows", "width"]),
+         _io("keys", TensorProto.FLOAT, [L, "rows", heads, hd, "source"]),
+         _io("values", TensorProto.FLOAT, [L, "rows", heads, "source", hd]),
+         _io("src_padding", TensorProto.BOOL, ["rows", "source"]),
+         _io("open_slots", TensorProto.INT64, ["open"]),
+         _io("blocked", TensorProto.INT64, ["open", "blocked"]),
+         _io("eos_penalty", TensorProto.FLOAT, ["open"])],
+        [_io("tokens", TensorProto.INT64, ["open"]), _io("log_probs", TensorProto.FLOAT, ["open"]),
+         _io("eos_log_probs", TensorProto.FLOAT, ["open"]), _io("location", TensorProto.FLOAT, ["rows", "slots"])])
+
+
+def check_exportable(model: nn.Module) -> None:
+    """Refuse what the graphs do not cover, naming it."""
+    head = model.decoder.head
+    unsupported = []
+    if head.joint:
+        unsupported.append("--content-location joint")
+    if head.K > 1:
+        unsupported.append(f"--mixture-components {head.K}")
+    if head.context_bias is not None:
+        unsupported.append("--context-bias")
+    if getattr(model.decoder, "adaptive_softmax", None) is not None:
+        unsupported.append("an adaptive softmax")
+    model.eval()
+    if not cacheable(model.decoder):
+        unsupported.append("decoder layers other than plain pre-/post-norm layers with encoder attention")
+    if unsupported:
+        raise ExportError("the export covers the factorized slot head of plain Transformer layers; this model has "
+                          + ", ".join(unsupported))
+
+
+def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
+    """The insertion model of ``path`` with the dictionaries of ``data`` (fairseq's loader)."""
+    from fairseq import checkpoint_utils
+
+    from .model import InsertionTransformerModel
+
+    for flag, p in (("--path", path), ("--data", data)):
+        if not Path(p).exists():
+            raise ExportError(f"{flag} {p}: not found")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data)})
+    model = models[0]
+    if not isinstance(model, InsertionTransformerModel):
+        raise ExportError(f"--path {path}: a {type(model).__name__}, not an insertion_transformer model")
+    return model.eval(), task
+
+
+def export_graphs(model: nn.Module, out: Path) -> None:
+    """Write ``encoder.onnx`` and ``pass.onnx`` for ``model`` (fp32) into ``out``."""
+    check_exportable(model)
+    model = model.float().eval()
+    with torch.no_grad():
+        onnx.save(encoder_graph(model), str(out / ENCODER))
+        onnx.save(pass_graph(model), str(out / PASS))
+
+
+def quantize(out: Path) -> None:
+    """onnxruntime's dynamic quantization of both graphs, in place (int8 weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    for name in (ENCODER, PASS):
+        graph = onnx.load(str(out / name)).graph
+        weights = {w.name for w in graph.initializer}
+        # the projections by a weight matrix; products of two activations (attention) stay fp32
+        nodes = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+        with tempfile.TemporaryDirectory() as tmp:
+            q = Path(tmp) / name
+            quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                             extra_options={"DefaultTensorType": TensorProto.FLOAT})
+            shutil.move(str(q), out / name)
+
+
+def settings(model: nn.Module, task, config: DecodingConfig, int8: bool) -> dict:
+    """What the runtime needs besides the graphs: ids, sizes, limits and the decoding's options."""
+    src, tgt = task.source_dictionary, task.target_dictionary
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": {
+            "termination": model.termination,
+            "bos": tgt.bos(), "eos": tgt.eos(), "pad": tgt.pad(), "unk": tgt.unk(),
+            "source": {"bos": src.bos(), "eos": src.eos(), "pad": src.pad(), "unk": src.unk()},
+            "max_source_positions": int(model.encoder.max_positions()),
+            "max_target_positions": int(model.max_decoder_positions()),
+            "decoder_layers": len(model.decoder.layers),
+            "precision": "int8" if int8 else "fp32",
+        },
+        "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
+    }
+
+
+def export(path: Path, data: Path, out: Path, int8: bool = False,
+           config: Optional[DecodingConfig] = None) -> Path:
+    """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``."""
+    config = config or DecodingConfig()
+    model, task = load(path, data)
+    out.mkdir(parents=True, exist_ok=True)
+    export_graphs(model, out)
+    if int8:
+        quantize(out)
+    for side, dictionary in (("source", task.source_dictionary), ("target", task.target_dictionary)):
+        (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
+    (out / SETTINGS).write_text(json.dumps(settings(model, task, config, int8), indent=2) + "\n")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fairseq_insertion.export", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--path", type=Path, required=True, help="an insertion_transformer checkpoint")
+    p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write")
+    p.add_argument("--int8", action="store_true", help="int8 weights (onnxruntime dynamic quantization)")
+    g = p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)")
+    d = DecodingConfig()
+    for name in RUNTIME_OPTIONS:
+        default = getattr(d, name)
+        if isinstance(default, bool):
+            g.add_argument(FLAGS[name], dest=name, action="store_true", default=None)
+        else:
+            g.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    given = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
+    try:
+        config = DecodingConfig(**given)
+        out = export(args.path, args.data, args.out, args.int8, config)
+    except (ExportError, DecodingError) as exc:
+        print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0
+
+
+__all__: List[str] = ["ExportError", "encoder_graph", "export", "main", "pass_graph"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Insertion decoding for deployment: ONNX Runtime runs the passes, numpy keeps the canvases.
+
+    from fairseq_insertion.runtime import Translator
+
+    translator = Translator("DIR", intra_threads=1)  # DIR: python -m fairseq_insertion.export ... --out DIR
+    results = translator.translate_batch([["ein", "Hund", "."], ...], eos_penalty=3)
+    results[0].hypotheses[0], results[0].scores[0]
+
+The interface is CTranslate2's ``Translator.translate_batch``: a list of token lists in (the
+model's subword pieces), one result per input, in order, each with ``.hypotheses`` and
+``.scores``. The loop is the PyTorch generator's (:mod:`fairseq_insertion.generator`): every
+pass predicts the open slots of every active canvas, a step rule chooses the insertions, the
+canvases grow, and a sentence leaves the batch when no slot inserts anything, when it reaches its
+length limit or after the iteration bound. Its options are the fields of
+:class:`~fairseq_insertion.decoding.DecodingConfig` that concern a single decode (``decoding``,
+``eos_penalty``, ``max_len_a``, ``max_len_b``, ``max_iterations``, ``block_neighbour_copies``,
+``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``), their defaults those the model was
+exported with.
+
+This package imports numpy and onnxruntime only: no torch and no fairseq run here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import canvas as C
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TranslatorError", "TranslationResult", "Translator"]
+
+FORMAT_VERSION = 1
+ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
+VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
+
+
+class TranslatorError(ValueError):
+    """An exported directory or an option the runtime cannot take; the message names it."""
+
+
+@dataclass(frozen=True)
+class TranslationResult:
+    """One input's result, as CTranslate2 gives it: ``hypotheses`` (token lists, best first) and
+    their ``scores`` (log-probability of the decode / (n + 1) ** lenpen); ``iterations``: the
+    steps that inserted at least one token."""
+
+    hypotheses: List[List[str]]
+    scores: List[float]
+    iterations: List[int] = field(default_factory=list)
+
+
+class Options(NamedTuple):
+    """The decoding options of one ``translate_batch`` call, checked."""
+
+    decoding: str
+    eos_penalty: float
+    max_len_a: float
+    max_len_b: int
+    max_iterations: int
+    block_neighbour_copies: bool
+    no_repeat_ngram_size: int
+    close_ended_slots: bool
+    lenpen: float
+
+
+class Canvases(NamedTuple):
+    """The decoding state, one row per active sentence (the generator's ``Canvases``, in numpy)."""
+
+    rows: np.ndarray  # (A,) index of each row in the batch
+    tokens: np.ndarray  # (A, K) canvas tokens, pad after each length
+    scores: np.ndarray  # (A, K) log p(c, l) of each token when inserted
+    closed_before: np.ndarray  # (A, K) the slot just before token j is closed
+    closed_end: np.ndarray  # (A,) the last slot is closed
+    lengths: np.ndarray  # (A,)
+    iterations: np.ndarray  # (A,)
+    final_eos: np.ndarray  # (A,) the latest pass's end-of-slot decisions, sum of log p(eos, l)
+    max_len: np.ndarray  # (A,)
+
+    def take(self, idx: np.ndarray) -> "Canvases":
+        return Canvases(*(x[idx] for x in self))
+
+    def trimmed(self, width: int) -> "Canvases":
+        return self._replace(tokens=self.tokens[:, :width], scores=self.scores[:, :width],
+                             closed_before=self.closed_before[:, :width])
+
+
+class Source(NamedTuple):
+    """What every pass reuses of the active sentences' source side."""
+
+    keys: np.ndarray  # (L, A, heads, S, d)
+    values: np.ndarray  # (L, A, heads, S, d)
+    padding: np.ndarray  # (A, S) True at source padding
+
+    def take(self, idx: np.ndarray) -> "Source":
+        return Source(np.ascontiguousarray(self.keys[:, idx]), np.ascontiguousarray(self.values[:, idx]),
+                      self.padding[idx])
+
+
+class SlotScores(NamedTuple):
+    """One pass's prediction for the slots of the active canvases, (A, S) each."""
+
+    open: np.ndarray
+    tokens: np.ndarray  # best token of each open slot (eos elsewhere)
+    log_probs: np.ndarray  # its log p(c | l) (penalty included when eos wins)
+    location: np.ndarray  # log p(l), -inf at padding slots
+    final_eos: np.ndarray  # (A,)
+
+
+class Insertions(NamedTuple):
+    mask: np.ndarray  # (A, S)
+    tokens: np.ndarray  # (A, S)
+    log_probs: np.ndarray  # (A, S)
+
+
+class Translator:
+    """An exported insertion model (``python -m fairseq_insertion.export``) on ONNX Runtime.
+
+    model_dir: the export's directory. intra_threads: threads per pass (0: onnxruntime's
+    default, all cores); inter_threads: onnxruntime's inter-op threads. providers: onnxruntime
+    execution providers (default: CPU)."""
+
+    def __init__(self, model_dir: str | Path, intra_threads: int = 0, inter_threads: int = 1,
+                 providers: Optional[Sequence[str]] = None):
+        import onnxruntime as ort
+
+        self.model_dir = Path(model_dir)
+        missing = [n for n in (ENCODER, PASS, SETTINGS, *VOCABS.values()) if not (self.model_dir / n).is_file()]
+        if missing:
+            raise TranslatorError(f"{self.model_dir}: not an exported insertion model (missing {', '.join(missing)}; "
+                                "python -m fairseq_insertion.export writes them)")
+        self.settings = json.loads((self.model_dir / SETTINGS).read_text(encoding="utf-8"))
+        if self.settings.get("format_version") != FORMAT_VERSION:
+            raise TranslatorError(f"{self.model_dir / SETTINGS}: format version {self.settings.get('format_version')}"
+                                f", this runtime reads {FORMAT_VERSION}: export the model again")
+        m = self.settings["model"]
+        self.bos, self.eos, self.pad, self.unk = m["bos"], m["eos"], m["pad"], m["unk"]
+        self.src_eos, self.src_pad, self.src_unk = m["source"]["eos"], m["source"]["pad"], m["source"]["unk"]
+        self.termination = m["termination"]
+        self.max_source_positions, self.max_target_positions = m["max_source_positions"], m["max_target_positions"]
+        self.defaults = self.settings["decoding"]
+        self.source_symbols = _read_vocab(self.model_dir / VOCABS["source"])
+        self.target_symbols = _read_vocab(self.model_dir / VOCABS["target"])
+        self.source_index: Dict[str, int] = {}
+        for i, s in enumerate(self.source_symbols):
+            self.source_index.setdefault(s, i)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int(intra_threads)
+        so.inter_op_num_threads = int(inter_threads)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = list(providers or ["CPUExecutionProvider"])
+        self._encoder = ort.InferenceSession(str(self.model_dir / ENCODER), so, providers=providers)
+        self._pass = ort.InferenceSession(str(self.model_dir / PASS), so, providers=providers)
+
+    # ------------------------------------------------------------------ API
+    def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
+                        **options: Any) -> List[TranslationResult]:
+        """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
+        :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
+        sentences decoded together (0: all; sentences of similar length go together).
+        options: decoding options (see the module), the export's values by default."""
+        opts = self.options(**options)
+        ids = [self.encode(tokens) for tokens in source]
+        return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts)]
+
+    def options(self, **options: Any) -> Options:
+        """The options of a call: the export's, with ``options`` (DecodingConfig's field names) applied."""
+        unknown = sorted(set(options) - set(Options._fields))
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(Options._fields)}")
+        return _check({**self.defaults, **options})
+
+    def encode(self, tokens: Sequence[str]) -> np.ndarray:
+        """Source token ids with the end-of-sentence marker (unknown pieces: unk), as fairseq encodes a line."""
+        if isinstance(tokens, str):
+            raise TypeError(f"translate_batch takes token lists, got a string {tokens[:40]!r} (split it first)")
+        return np.asarray([self.source_index.get(t, self.src_unk) for t in tokens] + [self.src_eos], dtype=np.int64)
+
+    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: Options
+                      ) -> List[Tuple[np.ndarray, float, int]]:
+        """(target ids, score, iterations) of every source id array, in input order."""
+        lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
+        too_long = lengths > self.max_source_positions
+        for i in np.flatnonzero(too_long).tolist():
+            logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
+                           i, lengths[i], self.max_source_positions)
+        order = np.argsort(-lengths, kind="stable")
+        size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
+        results: List[Tuple[np.ndarray, float, int]] = [(np.zeros(0, np.int64), 0.0, 0)] * len(ids)
+        for b in range(0, len(ids), size):
+            batch = [int(i) for i in order[b:b + size] if not too_long[i]]
+            if batch:
+                for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts)):
+                    results[i] = r
+        return results
+
+    # ------------------------------------------------------------------ the loop
+    def _decode_batch(self, ids: List[np.ndarray], opts: Options) -> List[Tuple[np.ndarray, float, int]]:
+        B = len(ids)
+        src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
+        src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
+        src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
+        keys, values = self._encoder.run(None, {"src_tokens": src})
+        source = Source(keys, values, src == self.src_pad)
+        limit = self.max_target_positions - 2
+        max_len = np.clip((src_len.astype(np.float32) * np.float32(opts.max_len_a)
+                           + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)
+        max_len = np.where(src_len <= 1, 0, max_len)  # an empty source line: an empty translation
+        state = Canvases(rows=np.arange(B), tokens=np.zeros((B, 0), np.int64), scores=np.zeros((B, 0), np.float32),
+                         closed_before=np.zeros((B, 0), bool), closed_end=np.zeros(B, bool),
+                         lengths=np.zeros(B, np.int64), iterations=np.zeros(B, np.int64),
+                         final_eos=np.zeros(B, np.float32), max_len=max_len)
+        width = int(max_len.max())
+        out_tokens = np.full((B, width), self.pad, np.int64)
+        out_scores = np.zeros((B, width), np.float32)
+        out_len, out_iter, out_eos = np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.float32)
+        max_iter = opts.max_iterations or width
+        step = _STEPS[opts.decoding if opts.decoding == "parallel" else f"greedy_{self.termination}"]
+        active = np.flatnonzero(max_len > 0)
+        state, source = state.take(active), source.take(active)
+        for _ in range(max_iter + 1):
+            if len(state.rows) == 0:
+                break
+            scores = self._predict(state, source, opts)
+            choice = step(scores, state.max_len - state.lengths, self.eos)
+            state, keep = self._insert(state, scores, choice, max_iter, opts.close_ended_slots)
+            if not keep.all():
+                done = state.take(np.flatnonzero(~keep))
+                W = done.tokens.shape[1]
+                out_tokens[done.rows, :W], out_scores[done.rows, :W] = done.tokens, done.scores
+                out_len[done.rows], out_iter[done.rows], out_eos[done.rows] = done.lengths, done.iterations, \
+                    done.final_eos
+                kept = np.flatnonzero(keep)
+                state = state.take(kept).trimmed(int(state.lengths[kept].max(initial=0)))
+                source = source.take(kept)
+        if len(state.rows):
+            W = state.tokens.shape[1]
+            out_tokens[state.rows, :W], out_scores[state.rows, :W] = state.tokens, state.scores
+            out_len[state.rows], out_iter[state.rows], out_eos[state.rows] = state.lengths, state.iterations, \
+                state.final_eos
+        real = np.arange(width)[None, :] < out_len[:, None]
+        log_prob = np.where(real, out_scores, 0).sum(1, dtype=np.float32) + out_eos  # (B,)
+        score = log_prob / (out_len + 1).astype(np.float32) ** np.float32(opts.lenpen)
+        return [(out_tokens[b, :out_len[b]], float(score[b]), int(out_iter[b])) for b in range(B)]
+
+    def _predict(self, state: Canvases, source: Source, opts: Options) -> SlotScores:
+        """One pass: the best token and its log p(c | l) for every open slot."""
+        framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
+        A, S = framed.shape[0], framed.shape[1] - 1
+        closed = C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
+        open_ = C.slot_mask(state.lengths, S) & ~closed  # (A, S)
+        open_slots = np.flatnonzero(open_)  # (N,) row-major, as torch's masks
+        if opts.block_neighbour_copies or opts.no_repeat_ngram_size:
+            blocked = C.repeated_tokens(framed, opts.no_repeat_ngram_size, opts.block_neighbour_copies,
+                                        (self.bos, self.eos), self.pad).reshape(A * S, -1)[open_slots]  # (N, M)
+            if blocked.shape[1] == 0:
+                blocked = np.full((len(open_slots), 1), self.pad, np.int64)
+        else:
+            blocked = np.full((len(open_slots), 1), self.pad, np.int64)
+        tok, lp, eos_lp, location = self._pass.run(None, {
+            "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
+            "open_slots": open_slots.astype(np.int64), "blocked": blocked,
+            "eos_penalty": np.full(len(open_slots), opts.eos_penalty, np.float32)})
+        tokens = np.full(A * S, self.eos, np.int64)
+        tokens[open_slots] = tok
+        log_probs = np.zeros(A * S, np.float32)
+        log_probs[open_slots] = lp
+        eos_joint = np.full(A * S, -np.inf, np.float32)
+        eos_joint[open_slots] = eos_lp
+        tokens, log_probs, eos_joint = tokens.reshape(A, S), log_probs.reshape(A, S), eos_joint.reshape(A, S)
+        eos_joint = eos_joint + location
+        if opts.decoding == "greedy" and self.termination == "sequence":
+            final_eos = eos_joint.max(1)  # the end-of-sequence decision: its best (slot, eos)
+        else:  # every slot that chose end-of-slot
+            final_eos = np.where(open_ & (tokens == self.eos), eos_joint, 0).sum(1, dtype=np.float32)
+        return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos)
+
+    def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
+                close_ended: bool) -> Tuple[Canvases, np.ndarray]:
+        """Apply one step's insertions; which sentences go on."""
+        new_len = state.lengths + choice.mask.sum(1)
+        inserted = choice.mask.any(1)
+        iterations = state.iterations + inserted
+        keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
+        width, K = int(new_len.max()), state.tokens.shape[1]
+        dest = C.insertion_destinations(state.lengths, choice.mask, K, width)
+        closed_before, closed_end = state.closed_before, state.closed_end
+        if close_ended and self.termination == "slot":
+            ended = scores.open & (scores.tokens == self.eos)
+            closed_end = closed_end | ended[np.arange(len(ended)), state.lengths]
+            closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
+        new = state._replace(
+            tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
+            scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),
+            closed_before=C.place(dest, closed_before, np.zeros_like(choice.mask), width, False),
+            closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos)
+        return new, keep
+
+    def _result(self, ids: np.ndarray, score: float, iterations: int) -> TranslationResult:
+        return TranslationResult(hypotheses=[[self.target_symbols[i] for i in ids.tolist()]], scores=[score],
+                                 iterations=[iterations])
+
+
+# ---------------------------------------------------------------- the step rules (decoding.py's, in numpy)
+def parallel_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
+    """The best token into every open slot whose best is not end-of-slot, at most ``room`` per canvas."""
+    insert = p.open & (p.tokens != eos)
+    rank = np.argsort(np.argsort(-np.where(insert, p.log_probs, -np.inf), 1, kind="stable"), 1, kind="stable")
+    return Insertions(mask=insert & (rank < room[:, None]), tokens=p.tokens, log_probs=p.log_probs)
+
+
+def greedy_slot_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
+    """Slot finalization: the one (slot, token) with the best log p(c, l) among non-ending slots."""
+    ok = p.open & (p.tokens != eos)
+    joint = np.where(ok, p.log_probs + p.location, -np.inf)
+    mask = _one_hot(joint.argmax(1), joint.shape[1]) & ok.any(1, keepdims=True)
+    return Insertions(mask=mask, tokens=p.tokens, log_probs=p.log_probs)
+
+
+def greedy_sequence_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
+    """Sequence finalization: the best (slot, token) over every open slot; stop at end-of-sequence."""
+    A, S = p.open.shape
+    slot = np.where(p.open, p.log_probs + p.location, -np.inf).argmax(1)  # (A,)
+    r = np.arange(A)
+    tok = p.tokens[r, slot]
+    ok = (tok != eos) & p.open[r, slot]
+    return Insertions(mask=_one_hot(slot, S) & ok[:, None], tokens=np.repeat(tok[:, None], S, 1),
+                      log_probs=np.repeat(p.log_probs[r, slot][:, None], S, 1))
+
+
+_STEPS = {"parallel": parallel_step, "greedy_slot": greedy_slot_step, "greedy_sequence": greedy_sequence_step}
+
+
+def _one_hot(index: np.ndarray, width: int) -> np.ndarray:
+    return np.arange(width)[None, :] == index[:, None]
+
+
+def _read_vocab(path: Path) -> List[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def _check(values: Dict[str, Any]) -> Options:
+    """The options, checked as DecodingConfig checks them (its errors, naming the option)."""
+    from ..decoding import DecodingConfig, DecodingError
+
+    try:
+        cfg = DecodingConfig(**values)
+    except DecodingError as exc:
+        raise TranslatorError(str(exc)) from None
+    return Options(**{k: getattr(cfg, k) for k in Options._fields})
