@@ -157,6 +157,9 @@ class Translator:
         providers = list(providers or ["CPUExecutionProvider"])
         self._encoder = ort.InferenceSession(str(self.model_dir / ENCODER), so, providers=providers)
         self._pass = ort.InferenceSession(str(self.model_dir / PASS), so, providers=providers)
+        self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
+        """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
+        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
 
     # ------------------------------------------------------------------ API
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
@@ -228,6 +231,7 @@ class Translator:
             if len(state.rows) == 0:
                 break
             scores = self._predict(state, source, opts)
+            self.stats["passes"] += 1
             choice = step(scores, state.max_len - state.lengths, self.eos)
             state, keep = self._insert(state, scores, choice, max_iter, opts.close_ended_slots)
             if not keep.all():
@@ -244,6 +248,9 @@ class Translator:
             out_tokens[state.rows, :W], out_scores[state.rows, :W] = state.tokens, state.scores
             out_len[state.rows], out_iter[state.rows], out_eos[state.rows] = state.lengths, state.iterations, \
                 state.final_eos
+        for key, value in (("sentences", B), ("batches", 1), ("iterations", int(out_iter.sum())),
+                           ("tokens", int(out_len.sum()))):
+            self.stats[key] += value
         real = np.arange(width)[None, :] < out_len[:, None]
         log_prob = np.where(real, out_scores, 0).sum(1, dtype=np.float32) + out_eos  # (B,)
         score = log_prob / (out_len + 1).astype(np.float32) ** np.float32(opts.lenpen)
