@@ -4,20 +4,35 @@ fairseq ``--user-dir`` plugin.
 Importing the package registers the ``insertion_transformer`` model and
 architectures, the ``insertion_loss`` criterion and the
 ``insertion_translation`` task, and allows fairseq checkpoints to load under
-torch's safe loader (``weights_only=True``).
+torch's safe loader (``weights_only=True``). Without fairseq installed (a deployment), it
+registers nothing and imports nothing but the standard library: :mod:`fairseq_insertion.runtime`
+then runs exported models with numpy and onnxruntime alone.
 ``InsertionTransformerModel.from_pretrained`` (and :func:`fairseq_insertion.hub.from_pretrained`)
 return the constraint-aware :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`.
 """
 
-import argparse
+import importlib.util
 
-import torch
 
-# fairseq checkpoints pickle their config as an argparse.Namespace (legacy
-# model args); allow exactly that instead of disabling the safe loader
-torch.serialization.add_safe_globals([argparse.Namespace])
+def _fairseq_installed() -> bool:
+    try:
+        return importlib.util.find_spec("fairseq") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["fairseq"] = None
+        return False
 
-# registration side effects (model, criterion, task); hub: fairseq_insertion.hub.from_pretrained
-from . import criterion, hub, model, task  # noqa: E402,F401
 
-__all__ = ["criterion", "hub", "model", "task"]
+if _fairseq_installed():
+    import argparse
+
+    import torch
+
+    # fairseq checkpoints pickle their config as an argparse.Namespace (legacy
+    # model args); allow exactly that instead of disabling the safe loader
+    torch.serialization.add_safe_globals([argparse.Namespace])
+
+    # registration side effects (model, criterion, task); hub: fairseq_insertion.hub.from_pretrained
+    from . import criterion, hub, model, task  # noqa: F401
+
+    __all__ = ["criterion", "hub", "model", "task"]
+else:  # a deployment: only the torch-free parts (fairseq_insertion.runtime, fairseq_insertion.config)
+    __all__ = []

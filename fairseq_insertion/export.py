@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from .decoding import FLAGS, DecodingConfig, DecodingError
+from .config import FLAGS, DecodingConfig, DecodingError
 from .fast_decoder import cacheable
 
 logger = logging.getLogger(__name__)

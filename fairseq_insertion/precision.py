@@ -20,9 +20,9 @@ import warnings
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from .config import PRECISIONS  # the choices of --decode-precision
 
-PRECISIONS = ("fp32", "bf16", "int8")
+logger = logging.getLogger(__name__)
 
 
 def for_decoding(model: nn.Module, precision: str) -> nn.Module:

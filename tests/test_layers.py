@@ -1,9 +1,11 @@
 """The package's modules import one another one way only, down this order:
-canvas, precision, fairseq_fixes, constraints <- fast_decoder, checkpoints, hub_interface <- model <-
-criterion, generator, rerank <- task <- hub <- the package <- __main__ (the option
-listing); visualize (it reads fairseq-generate output) imports none of them. Checked
-statically (importing a submodule runs the package's ``__init__``, which imports them
-all), imports inside functions included."""
+config (decoding options, standard library only) <- canvas, precision, fairseq_fixes,
+constraints <- fast_decoder, checkpoints, hub_interface <- model <- criterion, generator,
+rerank <- task <- hub <- export (ONNX) <- the package <- __main__ (the option listing);
+visualize (it reads fairseq-generate output) imports none of them, and the deployment
+runtime (a subpackage) imports config alone (tests/test_runtime.py). Checked statically
+(importing a submodule runs the package's ``__init__``, which imports them all), imports
+inside functions included."""
 
 import ast
 from pathlib import Path
@@ -11,8 +13,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["canvas", "visualize", "precision", "fairseq_fixes", "decoding", "constraints", "fast_decoder", "checkpoints",
-          "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "__init__", "__main__"]
+LAYERS = ["config", "canvas", "visualize", "precision", "fairseq_fixes", "decoding", "constraints", "fast_decoder", "checkpoints",
+          "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export", "__init__", "__main__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:

@@ -354,7 +354,7 @@ def _read_vocab(path: Path) -> List[str]:
 
 def _check(values: Dict[str, Any]) -> Options:
     """The options, checked as DecodingConfig checks them (its errors, naming the option)."""
-    from ..decoding import DecodingConfig, DecodingError
+    from ..config import DecodingConfig, DecodingError
 
     try:
         cfg = DecodingConfig(**values)
