@@ -11,7 +11,11 @@ standard library only.
 * :func:`tolerant_interactive_input`: fairseq-interactive opens ``--input
   FILE`` strictly and strips its lines; :func:`constraint_lines_on_stdin`: on
   standard input with ``--constraints`` that strip turns a tab-led line (an
-  empty source with constraints) into a source.
+  empty source with constraints) into a source. Such a line is given the
+  source :data:`EMPTY_SOURCE`, which the task reads as empty.
+* :func:`exit_on_option_errors`: fairseq's command lines catch no error, so an
+  option refused by the plugin would end the run with a traceback; in their
+  processes it ends as argparse's errors do (``prog: error: ...``, status 2).
 * :func:`command_line_checkpoints`: fairseq-generate and -interactive load
   ``--path`` with torch's loader, whose error for a file that is not a
   checkpoint suggests ``weights_only=False``.
@@ -37,7 +41,7 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 from fairseq.data import FairseqDataset
@@ -87,10 +91,26 @@ def tolerate_invalid_utf8_stdin() -> None:
         logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")
 
 
+# the source of a line that holds only constraints, which fairseq-interactive's strip would otherwise turn
+# into the source: a Unicode noncharacter (reserved for a program's internal use, never text), read by the
+# task as an empty source (InsertionTranslationTask.get_interactive_tokens_and_lengths)
+EMPTY_SOURCE = "\ufdd0"
+
+
+def only_constraints(line: str) -> Optional[str]:
+    """``line`` (fairseq-interactive ``--constraints`` input) with :data:`EMPTY_SOURCE` as its source when
+    it is an empty source with constraints (it starts with a tab, or blanks and a tab); else None."""
+    source, tab, rest = line.partition("\t")
+    if tab and not source.strip() and rest.strip():
+        return EMPTY_SOURCE + tab + rest
+    return None
+
+
 class ConstraintLines(io.TextIOBase):
     """Standard input for fairseq-interactive ``--constraints``: a line that starts with a tab (an empty
-    source with constraints, which fairseq's strip would turn into a source) is read as an empty line, with
-    a warning naming its line number; every other line, and everything else, is the stream's."""
+    source with constraints, which fairseq's strip would turn into a source) gets :data:`EMPTY_SOURCE`
+    as its source, with a message naming its line number; every other line, and everything else, is
+    the stream's."""
 
     def __init__(self, stream: Any):
         self._stream, self._lines = stream, 0
@@ -100,12 +120,11 @@ class ConstraintLines(io.TextIOBase):
         if not line:
             return line
         self._lines += 1
-        source, tab, rest = line.partition("\t")
-        if tab and not source.strip() and rest.strip():
-            logger.warning("standard input line %d: an empty source with constraints (%r), which "
-                           "fairseq-interactive would read as the source; not translated, its output is empty",
-                           self._lines, rest.rstrip("\n"))
-            return "\n"
+        kept = only_constraints(line)
+        if kept is not None:
+            logger.info("standard input line %d: an empty source with constraints (%r): decoded from them",
+                        self._lines, line.strip())
+            return kept
         return line
 
     def readable(self) -> bool:
@@ -138,8 +157,9 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     config a plugin receives; through it (its root) this reads ``FILE`` first. When
     it holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq is
     pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD
-    (an unknown word) and such a line is empty (its output is empty), with a
-    warning naming the file and each line. Returns the copy's path, else None."""
+    (an unknown word), with a warning naming the file and each line, and such a line
+    has the source :data:`EMPTY_SOURCE` (decoded from its constraints). Returns the
+    copy's path, else None."""
     root = _root(task_cfg)
     interactive = root.get("interactive") if root is not None else None
     path = getattr(interactive, "input", "-") if interactive is not None else "-"
@@ -155,11 +175,11 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
         changed = True
     lines = read_text_lines(path, "--input")
     for i, line in enumerate(lines):
-        source, tab, rest = line.partition("\t")
-        if constraints and tab and not source.strip() and rest.strip():
-            logger.warning("--input %s line %d: an empty source with constraints (%r), which fairseq-interactive "
-                           "would read as the source; not translated, its output is empty", path, i + 1, rest)
-            lines[i], changed = "", True
+        kept = only_constraints(line) if constraints else None
+        if kept is not None:
+            logger.info("--input %s line %d: an empty source with constraints (%r): decoded from them",
+                        path, i + 1, line.strip())
+            lines[i], changed = kept, True
     if not changed:
         return None
     copy = os.path.join(tempfile.mkdtemp(prefix="fairseq_insertion_input_"), os.path.basename(path))
@@ -178,6 +198,14 @@ def command_line_checkpoints(task_cfg: Any) -> List[str]:
     root = _root(task_cfg)
     path = getattr(root.get("common_eval"), "path", None) if root is not None else None
     return [p for p in str(path).split(os.pathsep) if os.path.isfile(p)] if path else []
+
+
+def command_line_generation(task_cfg: Any) -> Any:
+    """fairseq's generation options (``--beam``, ``--nbest``, ``--max-len-b``, ...) of the whole config
+    the task received (its root), so that the task can check them before any model is loaded; None
+    where the task was given no whole config."""
+    root = _root(task_cfg)
+    return root.get("generation") if root is not None else None
 
 
 def _root(task_cfg: Any) -> Any:
@@ -208,6 +236,44 @@ def read_text_lines(path: str, option: str) -> List[str]:
                            option, path, i + 1, e.start + 1)
             lines.append(line.decode("utf-8", errors="replace"))
     return lines
+
+
+# ----------------------------------------------------------------------------
+# Errors on fairseq's command lines
+# ----------------------------------------------------------------------------
+def command_line_program() -> Optional[str]:
+    """The program's name as argparse shows it (``fairseq-interactive``), when this process is one of
+    fairseq's command lines (a ``fairseq-*`` script, or ``python -m fairseq_cli.<command>``); None in
+    any other process (Python, the hub, tests that call fairseq in-process)."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if argv0.startswith("fairseq-") or (spec is not None and str(spec.name).startswith("fairseq_cli.")):
+        return argv0
+    return None
+
+
+def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Callable[[Any], str]) -> bool:
+    """In a fairseq command-line process, an exception of one of the types ``errors`` (options refused
+    by the plugin) that nothing caught ends the run as argparse ends it for a bad option: one line,
+    ``prog: error: <message(exception)>``, on standard error, and exit status 2, instead of fairseq's
+    traceback. Any other exception reaches the previous ``sys.excepthook`` as it is. Installed once
+    (``sys.excepthook``); True when this process is such a command line."""
+    prog = command_line_program()
+    if prog is None:
+        return False
+    previous = sys.excepthook
+    if getattr(previous, "option_errors", None) == errors:
+        return True
+
+    def hook(exc_type, exc, tb):
+        if isinstance(exc, errors):
+            sys.stderr.write(f"{prog}: error: {message(exc)}\n")
+            sys.exit(2)
+        previous(exc_type, exc, tb)
+
+    hook.option_errors = errors  # type: ignore[attr-defined]
+    sys.excepthook = hook
+    return True
 
 
 # ----------------------------------------------------------------------------

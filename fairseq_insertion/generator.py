@@ -164,12 +164,14 @@ class InsertionGenerator:
         limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
         max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
-        empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
+        empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (unless constrained)
         init = self._initial_canvas(constraints, B, device)
         self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1), init.lengths.gt(0))
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)
-        max_len = torch.where(empty, init.lengths, max_len)
+        # an empty line stays empty; an empty source with constraints is decoded from them, its limit at least theirs
+        unsourced = torch.maximum(max_len, init.lengths).clamp(max=limit).masked_fill(init.lengths.eq(0), 0)
+        max_len = torch.where(empty, unsourced, max_len)
         too_long = init.lengths > max_len  # (B,) constraints that do not fit: that line's output is empty
         if bool(too_long.any()):
             self._report_too_long(sample, src_tokens, too_long, init.lengths, max_len)
@@ -382,8 +384,8 @@ class InsertionGenerator:
         for i in flagged:
             line = self._line_name(sample, src_tokens, i)
             if empty[i]:
-                logger.warning("%s: empty source line; its translation is %s", line,
-                               "its constraints" if given[i] else "empty")
+                logger.warning("%s: empty source line; %s", line,
+                               "decoded from its constraints" if given[i] else "its translation is empty")
             else:
                 logger.warning("%s: %d unknown source word(s), read as <unk>", line, int(unknown[i]))
 

@@ -2,6 +2,7 @@
 options; builds the :class:`InsertionGenerator` and never drops a sentence."""
 
 
+import dataclasses
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -9,16 +10,20 @@ from typing import Any, List, Optional
 
 from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
+from fairseq.dataclass.configs import GenerationConfig
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
 from .checkpoints import check_checkpoint_file, dictionary_files, warm_start
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig
+from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig, DecodingError, check_search_options
 from .fairseq_fixes import (
+    EMPTY_SOURCE,
     command_line_checkpoints,
+    command_line_generation,
     constraint_lines_on_stdin,
+    exit_on_option_errors,
     keep_remainder_batch,
     tolerant_interactive_input,
     tolerate_invalid_utf8_stdin,
@@ -34,6 +39,24 @@ DEFAULTS = DecodingConfig()  # every decoding default lives there
 # the options fairseq's own generator (an autoregressive model decoded through this task) does not read
 INSERTION_ONLY = ("decoding", "eos_penalty", "eos_penalties", "max_iterations", "block_neighbour_copies",
                   "close_ended_slots", "rerank_with")
+
+# fairseq's generation options (--beam, --sampling, ...) for an insertion model. Read: by DecodingConfig, or by
+# fairseq's command lines around the generator (--nbest, --print-step, ...); --beam is 1 or fairseq's 5 in the
+# hub's calls. Refused: they need what insertion decoding does not give. Any other, away from fairseq's default,
+# is named in a warning as ignored (with the plugin's own option for the same thing, where there is one)
+GENERATION_READ = ("_name", "nbest", "max_len_a", "max_len_b", "lenpen", "unkpen", "no_repeat_ngram_size",
+                   "constraints", "retain_iter_history", "print_step", "sacrebleu", "retain_dropout",
+                   "retain_dropout_modules", "no_seed_provided")
+GENERATION_REFUSED = {
+    "prefix_size": "a target prefix to continue left to right",
+    "score_reference": "a model that scores a given target left to right",
+    "print_alignment": "attention alignments",
+    "replace_unk": "attention alignments",
+    "lm_path": "a left-to-right search to fuse a language model into",
+}
+GENERATION_INSTEAD = {"beam": "--eos-penalties", "iter_decode_eos_penalty": "--eos-penalty",
+                      "iter_decode_max_iter": "--max-iterations", "iter_decode_with_beam": "--eos-penalties",
+                      "iter_decode_with_external_reranker": "--rerank-with"}
 
 
 @dataclass
@@ -106,7 +129,12 @@ class InsertionTranslationTask(TranslationTask):
 
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        DecodingConfig.from_options(cfg)  # a decoding option that means nothing is refused before any work
+        # a decoding option that means nothing is refused before any work (fairseq's command lines: one line,
+        # `prog: error: ...`, status 2)
+        exit_on_option_errors((DecodingError,), DecodingError.command_line)
+        generation = command_line_generation(cfg)
+        DecodingConfig.from_options(cfg, generation)
+        check_search_options(generation)
         for path in command_line_checkpoints(cfg):  # fairseq-generate/-interactive --path, loaded next
             check_checkpoint_file(path, "--path")
         # --constraints-file, read here; build_generator checks it against the test set
@@ -163,6 +191,7 @@ class InsertionTranslationTask(TranslationTask):
                              "from_pretrained(...) or InsertionHubInterface.from_hub(hub); "
                              f"got constraints={constraint_order!r}")
         config = DecodingConfig.from_options(self.cfg, args)
+        check_search_options(args)
         for model in models:  # (fairseq's make_generation_fast_ makes model.eval() return None: no chaining)
             model.eval()
             for_decoding(model, config.precision)
@@ -177,6 +206,7 @@ class InsertionTranslationTask(TranslationTask):
                                "insertion models only and are not used", ", ".join(unused))
             return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
                                            prefix_allowed_tokens_fn)
+        check_generation_options(args, config)
         if self.constraints_file is not None:
             self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
         rerank = None
@@ -203,6 +233,7 @@ class InsertionTranslationTask(TranslationTask):
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         """fairseq-interactive's source lines. ``encode_fn`` is built from the constraint encoders
         :meth:`build_tokenizer`/:meth:`build_bpe` return, so sources go through the raw ones instead."""
+        lines = ["" if x == EMPTY_SOURCE else x for x in lines]  # only constraints (fairseq_fixes.ConstraintLines)
         tokens, lengths = super().get_interactive_tokens_and_lengths(lines, self.text_encoders.encode)
         numbered = InputLines(tokens, first_line=self._interactive_lines_read + 1)
         self._interactive_lines_read += len(lines)
@@ -251,6 +282,30 @@ class InsertionTranslationTask(TranslationTask):
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
         keep_remainder_batch(dataset)
         return super().get_batch_iterator(dataset, *args, **kwargs)
+
+
+def check_generation_options(args: Any, config: DecodingConfig) -> None:
+    """fairseq's generation options ``args`` for an insertion model decoded as ``config`` says: each is
+    read, refused naming it (:data:`GENERATION_REFUSED`), or named in a warning as ignored."""
+    ignored = []
+    for f in dataclasses.fields(GenerationConfig):
+        value = getattr(args, f.name, f.default)
+        flag, keyword = "--" + f.name.replace("_", "-"), f.name
+        if f.name in GENERATION_READ or value == f.default or str(value) == str(f.default):
+            continue
+        if f.name in GENERATION_REFUSED:
+            raise DecodingError(f"{flag} ({keyword}=) needs {GENERATION_REFUSED[f.name]}, which insertion "
+                                f"decoding does not have; got {value!r}")
+        if f.name == "beam" and value == 1:
+            continue
+        instead = f" (insertion decoding: {GENERATION_INSTEAD[f.name]})" if f.name in GENERATION_INSTEAD else ""
+        ignored.append(f"{flag}{'' if value is True else f' {value}'}{instead}")
+    if ignored:
+        logger.warning("insertion decoding does not read %s: ignored", ", ".join(ignored))
+    nbest = getattr(args, "nbest", 1) or 1
+    if nbest > len(config.betas):
+        logger.warning("--nbest %d: insertion decoding gives one hypothesis per EOS penalty, %d here (give "
+                       "several with --eos-penalties B1,B2,...)", nbest, len(config.betas))
 
 
 class InputLines(list):

@@ -143,13 +143,20 @@ def test_constraints_over_the_length_limit_give_an_empty_line_and_an_error(caplo
     assert targets[2][3] in hypos[2][0]["tokens"].tolist()
 
 
-def test_empty_source_with_constraints_outputs_the_constraints():
+def test_empty_source_with_constraints_is_decoded_from_them():
+    """An empty source with constraints: decoded from the canvas holding them (the model fills in around
+    them; a limit below their length is raised to it); without constraints: an empty output."""
     d = make_dict()
-    targets = random_targets(d, [4], seed=9)
+    targets = random_targets(d, [4, 4, 4], seed=9)
     sample = batch_for(d, targets)
     sample["net_input"]["src_tokens"][:] = d.eos()
-    [[h]] = InsertionGenerator(d).generate([OracleModel(d, targets)], sample, constraints=_packed([[targets[0][1:3]]]))
-    assert h["tokens"].tolist() == targets[0][1:3] + [d.eos()] and h["steps"] == 0
+    constraints = _packed([[targets[0][1:3]], [], [targets[2][:3]]])
+    hypos = InsertionGenerator(d, max_len_a=0, max_len_b=2).generate([OracleModel(d, targets)], sample,
+                                                                     constraints=constraints)
+    assert [h["tokens"].tolist()[:-1] for [h] in hypos] == [targets[0][1:3], [], targets[2][:3]]
+    eos_only = {"net_input": {"src_tokens": torch.full((1, 1), d.eos()), "src_lengths": torch.ones(1).long()}}
+    [[h]] = InsertionGenerator(d).generate([OracleModel(d, targets[:1])], eos_only, constraints=constraints[:1])
+    assert h["tokens"].tolist() == targets[0] + [d.eos()] and h["steps"] >= 1
 
 
 # ---------------------------------------------------------------- random models

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fairseq_insertion.decoding import DecodingError
-from tests.utils import PLUGIN, REPO, build_task, run, trained_reverse_model
+from tests.utils import PLUGIN, REPO, build_task, parse_generate, run, trained_reverse_model
 
 LIMIT = 30  # --max-source-positions of every decode here
 LONG = " ".join(f"w{i % 24}" for i in range(40))  # 41 tokens with eos: over LIMIT
@@ -85,12 +85,12 @@ def test_hub_gives_one_result_per_input_each_as_if_alone(hub, lines, constraints
        batch=st.sampled_from([1, 2, 8]), constrained=st.booleans())
 def test_interactive_gives_one_output_per_line_each_as_if_alone(trained, hub, lines, buffer, batch, constrained):
     constraints = [[WORDS[(i * 7) % 24]] if constrained and i % 2 else [] for i in range(len(lines))]
-    text = [x + "".join("\t" + c for c in cs) if x else x for x, cs in zip(lines, constraints)]
+    text = [x + "".join("\t" + c for c in cs) for x, cs in zip(lines, constraints)]  # "\tw7": only constraints
     flags = ("--buffer-size", buffer, "--batch-size", min(batch, buffer),  # fairseq: batch <= buffer
              *(("--constraints", "ordered") if constrained else ()))
     hyps, log = interactive(trained, text, *flags)
     hub.cfg.dataset.batch_size = 1
-    alone = [hub.translate(x, constraints=cs if x else None) for x, cs in zip(lines, constraints)]
+    alone = [hub.translate(x, constraints=cs) for x, cs in zip(lines, constraints)]
     assert hyps == alone, log[-3000:]
 
 
@@ -165,10 +165,93 @@ def test_every_numeric_option_on_the_command_line_decodes_or_is_named(trained, n
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 2
     else:
-        flag = NUMERIC[name]  # refused by DecodingConfig, or by fairseq's parser (an integer option)
-        named = f"DecodingError: {flag}" in proc.stderr or f"error: argument {flag}: invalid" in proc.stderr
-        assert proc.returncode != 0 and named, proc.stderr[-2000:]
+        flag = NUMERIC[name]  # refused by DecodingConfig, or by fairseq's parser (an integer option): one line
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert last.startswith((f"fairseq-interactive: error: {flag} ", f"fairseq-interactive: error: argument "
+                                f"{flag}: invalid")) and text.split(",")[0] in last, last
         assert "H-" not in proc.stdout
+
+
+# ---------------------------------------------------------------- fairseq's generation options
+def _cli(trained, command, *flags, stdin="w1 w2 w3\nw4 w5\n"):
+    """fairseq-generate (the test set, 4 lines) or fairseq-interactive (``stdin``), with ``flags``."""
+    cmd = [command, trained / "bin", "--user-dir", PLUGIN, "--task", "insertion_translation", "--path",
+           trained / "ckpt" / "checkpoint_last.pt", "--cpu", "--source-lang", "src", "--target-lang", "tgt",
+           "--batch-size", 2, *flags]
+    if command == "fairseq-interactive":
+        return run([*cmd, "--buffer-size", 2], input=stdin, check=False)
+    return run(cmd, check=False)
+
+
+def _refused_in_one_line(proc, command, message):
+    errors = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors == [f"{command}: error: {message}"] == proc.stderr.strip().splitlines()[-1:], errors
+    assert "H-" not in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["fairseq-generate", "fairseq-interactive"])
+def test_a_refused_option_ends_the_command_in_one_line(trained, command):
+    """argparse's way: `prog: error: ...` naming the option and the value, status 2, no traceback; for
+    fairseq's generation options (before the model is loaded), the plugin's (--eos-penalty) and those that
+    need what insertion decoding does not give (--print-alignment, after the model is loaded)."""
+    for flags, message in [
+            (["--max-len-b=-5"], "--max-len-b must be an integer >= 0, got -5"),
+            (["--nbest", 0], "--nbest must be an integer >= 1, got 0"),
+            (["--eos-penalty", "nan"], "--eos-penalty must be a finite number, got nan"),
+            (["--print-alignment"], "--print-alignment needs attention alignments, which insertion decoding "
+                                    "does not have; got 'hard'")]:
+        _refused_in_one_line(_cli(trained, command, *flags), command, message)
+
+
+def test_generation_options_are_honoured_or_named_as_ignored(trained, hub, caplog):
+    """--nbest prints up to its number of candidates (one per EOS penalty), saying when there are fewer;
+    --beam (other than 1 and fairseq's 5), --sampling and friends are named as ignored."""
+    for command in ("fairseq-generate", "fairseq-interactive"):
+        proc = _cli(trained, command, "--nbest", 2, "--beam", 2, "--sampling", "--temperature", 0.5)
+        h = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
+        assert proc.returncode == 0 and len(h) == (4 if command == "fairseq-generate" else 2), proc.stderr[-2000:]
+        assert ("insertion decoding does not read --beam 2 (insertion decoding: --eos-penalties), --sampling, "
+                "--temperature 0.5: ignored") in proc.stderr
+        assert "--nbest 2: insertion decoding gives one hypothesis per EOS penalty, 1 here" in proc.stderr
+        proc = _cli(trained, command, "--nbest", 2, "--eos-penalties", "0,2")
+        h = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
+        assert proc.returncode == 0 and len(h) == (8 if command == "fairseq-generate" else 4), proc.stderr[-2000:]
+        assert "--nbest" not in proc.stderr and "ignored" not in proc.stderr
+    hub.cfg.dataset.batch_size = 2
+    for keywords, message in [({"max_len_b": -5}, "--max-len-b (max_len_b=) must be an integer >= 0, got -5"),
+                              ({"nbest": 0}, "--nbest (nbest=) must be an integer >= 1, got 0")]:
+        with pytest.raises(DecodingError) as refused:
+            hub.translate(["w1 w2", "w3"], **keywords)
+        assert str(refused.value) == message
+    with pytest.raises(DecodingError, match=r"--score-reference \(score_reference=\) needs a model that scores"):
+        hub.score("w1 w2")
+    with caplog.at_level(logging.WARNING, logger="fairseq_insertion.task"):
+        assert hub.translate("w1 w2", sampling=True, sampling_topk=3) == hub.translate("w1 w2")
+    assert "insertion decoding does not read --sampling, --sampling-topk 3: ignored" in caplog.text
+    assert len(hub.generate(hub.encode("w1 w2"), beam=1, eos_penalties="0,1,2")) == 3
+
+
+def test_only_option_errors_end_a_command_line_in_one_line(tmp_path):
+    """The hook is installed in fairseq's command-line processes only; any other exception keeps its
+    traceback and status 1."""
+    script = tmp_path / "fairseq-generate"
+    script.write_text("import sys\n"
+                      "from fairseq_insertion.decoding import DecodingError\n"
+                      "from fairseq_insertion.fairseq_fixes import exit_on_option_errors\n"
+                      "assert exit_on_option_errors((DecodingError,), DecodingError.command_line) == "
+                      "(sys.argv[0].endswith('fairseq-generate'))\n"
+                      "raise eval(sys.argv[1])\n")
+    other = tmp_path / "translate.py"
+    other.write_text(script.read_text())
+    refused = "DecodingError('--nbest (nbest=) must be an integer >= 1, got 0')"
+    proc = run([sys.executable, script, refused], check=False)
+    _refused_in_one_line(proc, "fairseq-generate", "--nbest must be an integer >= 1, got 0")
+    proc = run([sys.executable, script, "RuntimeError('a genuine failure')"], check=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RuntimeError: a genuine failure" in proc.stderr
+    proc = run([sys.executable, other, refused], check=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "DecodingError: --nbest (nbest=)" in proc.stderr
 
 
 # ---------------------------------------------------------------- constraints
@@ -191,17 +274,40 @@ def test_special_symbols_are_refused_as_constraints(trained, hub):
     assert proc.returncode != 0 and "constraint 'w3 </s>' holds the special symbol(s) </s>" in proc.stderr
 
 
-def test_empty_source_with_constraints_and_unknown_constraint_words_are_named(trained, tmp_path):
+def _holds(hypothesis: str, constraint: str) -> bool:
+    words, c = hypothesis.split(), constraint.split()
+    return any(words[i:i + len(c)] == c for i in range(len(words)))
+
+
+def test_empty_source_with_constraints_and_unknown_constraint_words_are_named(trained, hub, tmp_path):
+    """A line of constraints only (an empty source) is decoded from a canvas holding them, through the
+    encoder with an empty source: its output holds them, on every interface."""
     path = tmp_path / "in.txt"
     path.write_text("w1 w2\tw3\n\tw5 w6\nw7\tzz9\n")
     hyps, log = interactive(trained, None, "--constraints", "ordered", input_file=path)
-    assert len(hyps) == 3 and hyps[1] == "" and "w3" in hyps[0].split()
-    assert f"--input {path} line 2: an empty source with constraints ('w5 w6')" in log
+    assert len(hyps) == 3 and _holds(hyps[1], "w5 w6") and "w3" in hyps[0].split()
+    assert f"--input {path} line 2: an empty source with constraints ('w5 w6'): decoded from them" in log
+    assert "source line '': empty source line; decoded from its constraints" in log
     assert "source line 'w7': its constraints hold 1 word(s) not in the target dictionary" in log
-    # the same lines on standard input
-    hyps, log = interactive(trained, ["w1 w2\tw3", "\tw5 w6", "w7\tzz9"], "--constraints", "ordered")
-    assert len(hyps) == 3 and hyps[1] == "" and "w3" in hyps[0].split()
-    assert "standard input line 2: an empty source with constraints ('w5 w6')" in log
+    # the same lines on standard input, and in the hub
+    again, log = interactive(trained, ["w1 w2\tw3", "\tw5 w6", "w7\tzz9"], "--constraints", "ordered")
+    assert again == hyps
+    assert "standard input line 2: an empty source with constraints ('w5 w6'): decoded from them" in log
+    hub.cfg.dataset.batch_size = 2
+    assert hub.translate(["w1 w2", "", "w7"], constraints=[["w3"], ["w5 w6"], ["zz9"]]) == hyps
+    # fairseq-generate: an empty test sentence with a --constraints-file line
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for side in ("src", "tgt"):
+        (raw / f"test.{side}").write_text("w1 w2\n\nw7\n")
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--testpref", raw / "test",
+         "--destdir", tmp_path / "bin", "--srcdict", trained / "bin" / "dict.src.txt", "--tgtdict",
+         trained / "bin" / "dict.tgt.txt", "--workers", "1"])
+    (tmp_path / "constraints.txt").write_text("w3\nw5 w6\nzz9\n")
+    proc = run(["fairseq-generate", tmp_path / "bin", "--user-dir", PLUGIN, "--task", "insertion_translation",
+                "--path", trained / "ckpt" / "checkpoint_last.pt", "--cpu", "--batch-size", 2,
+                "--constraints-file", tmp_path / "constraints.txt"])
+    assert {k: v[1] for k, v in parse_generate(proc.stdout).items()} == dict(zip("012", hyps))
 
 
 # ---------------------------------------------------------------- invalid UTF-8 in input files
