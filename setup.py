@@ -16,6 +16,13 @@ setup(
         "subword-nmt",
         "sacrebleu",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "ruff==0.17.6"], "plot": ["matplotlib"]},
+    extras_require={
+        "test": ["pytest", "hypothesis", "ruff==0.17.6"],
+        "plot": ["matplotlib"],
+        # python -m fairseq_insertion.export and fairseq_insertion.runtime (docs/deploy.md)
+        "deploy": ["onnx>=1.14", "onnxruntime>=1.16"],
+        # the deployment-engine benchmark's peer
+        "bench": ["ctranslate2>=4"],
+    },
     license="MIT",
 )

@@ -28,6 +28,11 @@ CONSTRAINT_ORDERS = ("ordered", "unordered")
 # (Multi30k en-de, BPE: no training target exceeds 2 x source + 10)
 FAIRSEQ_LENGTH_DEFAULTS = (0.0, 200)
 
+# the options of a single decode: what the deployment runtime (fairseq_insertion.runtime) takes; candidates,
+# reranking, constraints and reduced precision in PyTorch stay with fairseq
+RUNTIME_OPTIONS = ("decoding", "eos_penalty", "max_len_a", "max_len_b", "max_iterations", "block_neighbour_copies",
+                   "no_repeat_ngram_size", "close_ended_slots", "lenpen")
+
 # the command-line flag of each option (the hub and Python take the field name)
 FLAGS = {
     "decoding": "--decoding", "eos_penalty": "--eos-penalty", "eos_penalties": "--eos-penalties",

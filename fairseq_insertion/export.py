@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from .config import FLAGS, DecodingConfig, DecodingError
+from .config import FLAGS, RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from .fast_decoder import cacheable
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,6 @@ OPSET = 17
 IR_VERSION = 8  # the oldest that opset 17 allows: readable by every onnxruntime since 1.13
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
-# the DecodingConfig fields the runtime decodes with (candidates, reranking and constraints stay in fairseq)
-RUNTIME_OPTIONS = ("decoding", "eos_penalty", "max_len_a", "max_len_b", "max_iterations", "block_neighbour_copies",
-                   "no_repeat_ngram_size", "close_ended_slots", "lenpen")
 
 
 class ExportError(ValueError):
@@ -358,9 +355,8 @@ def quantize(out: Path) -> None:
             shutil.move(str(q), out / name)
 
 
-def settings(model: nn.Module, task, config: DecodingConfig, int8: bool) -> dict:
+def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> dict:
     """What the runtime needs besides the graphs: ids, sizes, limits and the decoding's options."""
-    src, tgt = task.source_dictionary, task.target_dictionary
     return {
         "format_version": FORMAT_VERSION,
         "model": {
@@ -379,15 +375,21 @@ def settings(model: nn.Module, task, config: DecodingConfig, int8: bool) -> dict
 def export(path: Path, data: Path, out: Path, int8: bool = False,
            config: Optional[DecodingConfig] = None) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``."""
-    config = config or DecodingConfig()
     model, task = load(path, data)
+    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config)
+
+
+def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
+                 config: Optional[DecodingConfig] = None) -> Path:
+    """Export a loaded insertion model with its fairseq dictionaries into ``out``."""
+    config = config or DecodingConfig()
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out)
     if int8:
         quantize(out)
-    for side, dictionary in (("source", task.source_dictionary), ("target", task.target_dictionary)):
+    for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
-    (out / SETTINGS).write_text(json.dumps(settings(model, task, config, int8), indent=2) + "\n")
+    (out / SETTINGS).write_text(json.dumps(settings(model, src_dict, tgt_dict, config, int8), indent=2) + "\n")
     return out
 
 
@@ -422,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__: List[str] = ["ExportError", "encoder_graph", "export", "main", "pass_graph"]
+__all__: List[str] = ["ExportError", "encoder_graph", "export", "export_model", "main", "pass_graph"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,11 +30,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..config import RUNTIME_OPTIONS, DecodingConfig
 from . import canvas as C
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TranslatorError", "TranslationResult", "Translator"]
+__all__ = ["RUNTIME_OPTIONS", "TranslatorError", "TranslationResult", "Translator"]
 
 FORMAT_VERSION = 1
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
@@ -57,7 +58,7 @@ class TranslationResult:
 
 
 class Options(NamedTuple):
-    """The decoding options of one ``translate_batch`` call, checked."""
+    """The decoding options of one ``translate_batch`` call (config.RUNTIME_OPTIONS), checked."""
 
     decoding: str
     eos_penalty: float
@@ -174,7 +175,7 @@ class Translator:
 
     def options(self, **options: Any) -> Options:
         """The options of a call: the export's, with ``options`` (DecodingConfig's field names) applied."""
-        unknown = sorted(set(options) - set(Options._fields))
+        unknown = sorted(set(options) - set(RUNTIME_OPTIONS))
         if unknown:
             raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(Options._fields)}")
         return _check({**self.defaults, **options})
@@ -353,11 +354,6 @@ def _read_vocab(path: Path) -> List[str]:
 
 
 def _check(values: Dict[str, Any]) -> Options:
-    """The options, checked as DecodingConfig checks them (its errors, naming the option)."""
-    from ..config import DecodingConfig, DecodingError
-
-    try:
-        cfg = DecodingConfig(**values)
-    except DecodingError as exc:
-        raise TranslatorError(str(exc)) from None
+    """The options, checked by DecodingConfig (a DecodingError names the option and the value)."""
+    cfg = DecodingConfig(**values)  # DecodingError names the option and the value
     return Options(**{k: getattr(cfg, k) for k in Options._fields})
