@@ -13,8 +13,9 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["config", "canvas", "visualize", "precision", "fairseq_fixes", "decoding", "constraints", "fast_decoder", "checkpoints",
-          "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export", "__init__", "__main__"]
+LAYERS = ["config", "canvas", "visualize", "precision", "fairseq_fixes", "decoding", "constraints", "fast_decoder",
+          "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
+          "__init__", "__main__"]
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:
