@@ -3,7 +3,8 @@
 The runtime (ONNX Runtime passes, numpy canvases) against the PyTorch generator, hypothesis for
 hypothesis: a tiny trained model (post-norm, sinusoidal positions) and an untrained pre-norm one
 (learned positions, embedding layer norm, gelu, sequence finalization), parallel and greedy,
-with and without the repetition rules, at batch 1 and N. The numpy canvas operations against
+with and without the repetition rules, with closed end-of-slot slots and an iteration bound, at
+batch 1 and N. The numpy canvas operations against
 their torch originals; the runtime without torch or fairseq; the command lines."""
 
 import json
@@ -24,7 +25,8 @@ from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 
 pytest.importorskip("onnxruntime")
 TEST_LINES = 24
-RULES = {"off": {}, "on": {"block_neighbour_copies": True, "no_repeat_ngram_size": 3}}
+RULES = {"off": {}, "on": {"block_neighbour_copies": True, "no_repeat_ngram_size": 3},
+         "closed": {"close_ended_slots": True, "max_iterations": 3}}
 
 
 @pytest.fixture(scope="module")

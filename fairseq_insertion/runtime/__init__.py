@@ -261,9 +261,11 @@ class Translator:
         """One pass: the best token and its log p(c | l) for every open slot."""
         framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.shape[0], framed.shape[1] - 1
-        closed = C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
-        open_ = C.slot_mask(state.lengths, S) & ~closed  # (A, S)
-        open_slots = np.flatnonzero(open_)  # (N,) row-major, as torch's masks
+        open_ = C.slot_mask(state.lengths, S)  # (A, S)
+        if opts.close_ended_slots:  # the only rule that closes slots here (no constraints in the runtime)
+            open_ &= ~C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
+        every = bool(open_.all())  # one canvas, or canvases of one length: no scatter needed below
+        open_slots = np.arange(A * S) if every else np.flatnonzero(open_)  # (N,) row-major, as torch's masks
         if opts.block_neighbour_copies or opts.no_repeat_ngram_size:
             blocked = C.repeated_tokens(framed, opts.no_repeat_ngram_size, opts.block_neighbour_copies,
                                         (self.bos, self.eos), self.pad).reshape(A * S, -1)[open_slots]  # (N, M)
@@ -275,14 +277,17 @@ class Translator:
             "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
             "open_slots": open_slots.astype(np.int64), "blocked": blocked,
             "eos_penalty": np.full(len(open_slots), opts.eos_penalty, np.float32)})
-        tokens = np.full(A * S, self.eos, np.int64)
-        tokens[open_slots] = tok
-        log_probs = np.zeros(A * S, np.float32)
-        log_probs[open_slots] = lp
-        eos_joint = np.full(A * S, -np.inf, np.float32)
-        eos_joint[open_slots] = eos_lp
-        tokens, log_probs, eos_joint = tokens.reshape(A, S), log_probs.reshape(A, S), eos_joint.reshape(A, S)
-        eos_joint = eos_joint + location
+        if every:
+            tokens, log_probs, eos_joint = tok.reshape(A, S), lp.reshape(A, S), eos_lp.reshape(A, S) + location
+        else:
+            tokens = np.full(A * S, self.eos, np.int64)
+            tokens[open_slots] = tok
+            log_probs = np.zeros(A * S, np.float32)
+            log_probs[open_slots] = lp
+            eos_joint = np.full(A * S, -np.inf, np.float32)
+            eos_joint[open_slots] = eos_lp
+            tokens, log_probs = tokens.reshape(A, S), log_probs.reshape(A, S)
+            eos_joint = eos_joint.reshape(A, S) + location
         if opts.decoding == "greedy" and self.termination == "sequence":
             final_eos = eos_joint.max(1)  # the end-of-sequence decision: its best (slot, eos)
         else:  # every slot that chose end-of-slot
@@ -299,15 +304,19 @@ class Translator:
         width, K = int(new_len.max()), state.tokens.shape[1]
         dest = C.insertion_destinations(state.lengths, choice.mask, K, width)
         closed_before, closed_end = state.closed_before, state.closed_end
-        if close_ended and self.termination == "slot":
-            ended = scores.open & (scores.tokens == self.eos)
-            closed_end = closed_end | ended[np.arange(len(ended)), state.lengths]
-            closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
+        if close_ended:  # otherwise no slot is ever closed and closed_before stays (A, 0)
+            if self.termination == "slot":
+                ended = scores.open & (scores.tokens == self.eos)
+                closed_end = closed_end | ended[np.arange(len(ended)), state.lengths]
+                closed_before = np.pad(closed_before, ((0, 0), (0, K - closed_before.shape[1])))
+                closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
+            closed_before = C.place(dest, np.pad(closed_before, ((0, 0), (0, K - closed_before.shape[1]))),
+                                    np.zeros_like(choice.mask), width, False)
         new = state._replace(
             tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
             scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),
-            closed_before=C.place(dest, closed_before, np.zeros_like(choice.mask), width, False),
-            closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos)
+            closed_before=closed_before, closed_end=closed_end, lengths=new_len, iterations=iterations,
+            final_eos=scores.final_eos)
         return new, keep
 
     def _result(self, ids: np.ndarray, score: float, iterations: int) -> TranslationResult:
@@ -319,8 +328,10 @@ class Translator:
 def parallel_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
     """The best token into every open slot whose best is not end-of-slot, at most ``room`` per canvas."""
     insert = p.open & (p.tokens != eos)
-    rank = np.argsort(np.argsort(-np.where(insert, p.log_probs, -np.inf), 1, kind="stable"), 1, kind="stable")
-    return Insertions(mask=insert & (rank < room[:, None]), tokens=p.tokens, log_probs=p.log_probs)
+    if (insert.sum(1) > room).any():  # keep the highest-scoring ones
+        rank = np.argsort(np.argsort(-np.where(insert, p.log_probs, -np.inf), 1, kind="stable"), 1, kind="stable")
+        insert &= rank < room[:, None]
+    return Insertions(mask=insert, tokens=p.tokens, log_probs=p.log_probs)
 
 
 def greedy_slot_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
