@@ -91,7 +91,8 @@ class Graph:
 
     def model(self, inputs: list, outputs: list) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)],
                                   producer_name="fairseq_insertion.export")
         model.ir_version = IR_VERSION
         onnx.checker.check_model(model)
@@ -102,10 +103,10 @@ def _io(name: str, dtype: int, dims: Sequence) -> "onnx.ValueInfoProto":
     return helper.make_tensor_value_info(name, dtype, list(dims))
 
 
-def _linear(g: Graph, x: str, linear: nn.Linear, scale: float = 1.0) -> str:
-    """x W^T + b, with W and b multiplied by ``scale`` (fairseq's query scaling, folded in)."""
-    y = g.op("MatMul", x, g.const(linear.weight.t() * scale, "weight"))
-    return y if linear.bias is None else g.op("Add", y, g.const(linear.bias * scale, "bias"))
+def _linear(g: Graph, x: str, linear: nn.Linear) -> str:
+    """x W^T + b."""
+    y = g.op("MatMul", x, g.const(linear.weight.t(), "weight"))
+    return y if linear.bias is None else g.op("Add", y, g.const(linear.bias, "bias"))
 
 
 def _layer_norm(g: Graph, x: str, norm: Optional[nn.Module]) -> str:
@@ -126,31 +127,31 @@ def _activation(g: Graph, x: str, fn) -> str:
     raise ExportError(f"activation {getattr(fn, '__name__', fn)}: the export covers relu and gelu")
 
 
-def _heads(g: Graph, x: str, attn) -> str:
-    """(A, T, C) -> (A, heads, T, d)."""
-    return g.op("Transpose", g.op("Reshape", x, g.ints(0, 0, attn.num_heads, attn.head_dim)), perm=[0, 2, 1, 3])
+def _self_attention(g: Graph, x: str, attn, mask: str) -> str:
+    """fairseq's MultiheadAttention of x (A, T, C) over itself: onnxruntime's fused ``Attention``
+    (one q/k/v product, the heads, softmax(q k^T / sqrt(d)) v; int8: ``QAttention``), then the
+    output projection. mask: (A, T) int32, 1 where attending is allowed."""
+    weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()  # (C, 3C)
+    bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features)
+                      for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    _check_scaling(attn)
+    y = g.op("Attention", x, g.const(weight, "qkv_weight"), g.const(bias, "qkv_bias"), mask,
+             domain="com.microsoft", num_heads=attn.num_heads)
+    return _linear(g, y, attn.out_proj)
 
 
-def _attend(g: Graph, q: str, k_t: str, v: str, bias: str, attn) -> str:
-    """softmax(q k^T + bias) v, heads merged and projected: q (A, H, T, d), k_t (A, H, d, S),
-    v (A, H, S, d), bias (A, 1, 1, S) additive (0 or -inf) -> (A, T, C)."""
-    probs = g.op("Softmax", g.op("Add", g.op("MatMul", q, k_t), bias), axis=-1)
-    merged = g.op("Reshape", g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3]),
-                  g.ints(0, 0, attn.embed_dim))
-    return _linear(g, merged, attn.out_proj)
+def _cross_attention(g: Graph, x: str, attn, keys: str, values: str, mask: str) -> str:
+    """fairseq's encoder attention of x (A, T, C) over the cached keys and values (A, heads, S, d):
+    onnxruntime's ``MultiHeadAttention``, then the output projection. mask: (A, S) int32."""
+    _check_scaling(attn)
+    y = g.op("MultiHeadAttention", _linear(g, x, attn.q_proj), keys, values, "", mask,
+             domain="com.microsoft", num_heads=attn.num_heads)
+    return _linear(g, y, attn.out_proj)
 
 
-def _self_attention(g: Graph, x: str, attn, bias: str) -> str:
-    """fairseq's MultiheadAttention over x (A, T, C) itself, one fused q/k/v projection."""
-    fused = nn.Linear(attn.embed_dim, 3 * attn.embed_dim, bias=attn.q_proj.bias is not None)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([attn.q_proj.weight * attn.scaling, attn.k_proj.weight, attn.v_proj.weight]))
-        if fused.bias is not None:
-            fused.bias.copy_(torch.cat([attn.q_proj.bias * attn.scaling, attn.k_proj.bias, attn.v_proj.bias]))
-    qkv = g.op("Transpose", g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, 3, attn.num_heads, attn.head_dim)),
-               perm=[2, 0, 3, 1, 4])  # (3, A, H, T, d)
-    q, k, v = (g.op("Gather", qkv, g.const(np.asarray(i, dtype=np.int64), "index"), axis=0) for i in range(3))
-    return _attend(g, q, g.op("Transpose", k, perm=[0, 1, 3, 2]), v, bias, attn)
+def _check_scaling(attn) -> None:
+    if not math.isclose(attn.scaling, attn.head_dim ** -0.5, rel_tol=1e-6):
+        raise ExportError(f"attention scaling {attn.scaling}: the export covers 1/sqrt(head dim)")
 
 
 def _residual(g: Graph, x: str, norm: nn.Module, before: bool, sublayer) -> str:
@@ -188,24 +189,23 @@ def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str
     return x
 
 
-def _mask_bias(g: Graph, keep: str) -> str:
-    """(A, S) True where attending is allowed -> (A, 1, 1, S) additive bias, 0 or -inf."""
-    bias = g.op("Where", keep, g.scalar(0.0), g.scalar(float("-inf")))
-    return g.op("Unsqueeze", bias, g.ints(1, 2))
+def _mask(g: Graph, keep: str) -> str:
+    """(A, S) True where attending is allowed -> int32, as onnxruntime's attention masks take it."""
+    return g.op("Cast", keep, to=TensorProto.INT32)
 
 
 def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
-    """src_tokens (B, S) -> keys (L, B, heads, d, S) (transposed for q k^T) and values (L, B, heads, S, d)
-    of every decoder layer's encoder attention. Mirrors fairseq's TransformerEncoderBase in inference."""
+    """src_tokens (B, S) -> keys and values (L, B, heads, S, d) of every decoder layer's encoder
+    attention. Mirrors fairseq's TransformerEncoderBase in inference."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
     keep = g.op("Not", g.op("Equal", "src_tokens", g.const(np.asarray(enc.padding_idx, np.int64), "pad")))
     x = _embed(g, "src_tokens", keep, enc, scale_padding=True)
-    bias = _mask_bias(g, keep)
+    mask = _mask(g, keep)
     for layer in enc.layers:
         before = layer.normalize_before
         x = _residual(g, x, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, bias))
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
         x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
     x = _layer_norm(g, x, enc.layer_norm)
     attn = [layer.encoder_attn for layer in dec.layers]
@@ -216,10 +216,10 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
         fused.bias.copy_(torch.cat([b for a in attn for b in (a.k_proj.bias, a.v_proj.bias)]))
     kv = g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, L, 2, H, d))  # (B, S, L, 2, H, d)
     index = [g.const(np.asarray(i, dtype=np.int64), "index") for i in range(2)]
-    g.output("Transpose", "keys", g.op("Gather", kv, index[0], axis=3), perm=[2, 0, 3, 4, 1])
+    g.output("Transpose", "keys", g.op("Gather", kv, index[0], axis=3), perm=[2, 0, 3, 1, 4])
     g.output("Transpose", "values", g.op("Gather", kv, index[1], axis=3), perm=[2, 0, 3, 1, 4])
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
-                   [_io("keys", TensorProto.FLOAT, [L, "batch", H, d, "source"]),
+                   [_io("keys", TensorProto.FLOAT, [L, "batch", H, "source", d]),
                     _io("values", TensorProto.FLOAT, [L, "batch", H, "source", d])])
 
 
@@ -231,16 +231,16 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     g = Graph("insertion_pass")
     keep = g.op("Not", g.op("Equal", "framed", g.const(np.asarray(pad, np.int64), "pad")))  # (A, W)
     x = _embed(g, "framed", keep, dec, scale_padding=False)  # (A, W, C)
-    bias = _mask_bias(g, keep)
-    src_bias = _mask_bias(g, g.op("Not", "src_padding"))
+    mask = _mask(g, keep)
+    src_mask = _mask(g, g.op("Not", "src_padding"))
     for i, layer in enumerate(dec.layers):
         before, attn = layer.normalize_before, layer.encoder_attn
         index = g.const(np.asarray(i, dtype=np.int64), "layer")
-        k_t, v = g.op("Gather", "keys", index, axis=0), g.op("Gather", "values", index, axis=0)
+        k, v = g.op("Gather", "keys", index, axis=0), g.op("Gather", "values", index, axis=0)
         x = _residual(g, x, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, bias))
-        x = _residual(g, x, layer.encoder_attn_layer_norm, before, lambda h, a=attn, k_t=k_t, v=v: _attend(
-            g, _heads(g, _linear(g, h, a.q_proj, a.scaling), a), k_t, v, src_bias, a))
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
+        x = _residual(g, x, layer.encoder_attn_layer_norm, before,
+                      lambda h, a=attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask))
         x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
     x = _layer_norm(g, x, dec.layer_norm)
     if dec.project_out_dim is not None:
@@ -283,7 +283,7 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     L, heads, hd = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
-         _io("keys", TensorProto.FLOAT, [L, "rows", heads, hd, "source"]),
+         _io("keys", TensorProto.FLOAT, [L, "rows", heads, "source", hd]),
          _io("values", TensorProto.FLOAT, [L, "rows", heads, "source", hd]),
          _io("src_padding", TensorProto.BOOL, ["rows", "source"]),
          _io("open_slots", TensorProto.INT64, ["open"]),
@@ -346,8 +346,8 @@ def quantize(out: Path) -> None:
     for name in (ENCODER, PASS):
         graph = onnx.load(str(out / name)).graph
         weights = {w.name for w in graph.initializer}
-        # the projections by a weight matrix; products of two activations (attention) stay fp32
-        nodes = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+        # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself stays fp32
+        nodes = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention") and n.input[1] in weights]
         with tempfile.TemporaryDirectory() as tmp:
             q = Path(tmp) / name
             quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
