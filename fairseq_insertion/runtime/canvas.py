@@ -13,7 +13,6 @@ import functools
 from typing import Tuple
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 def frame(canvas: np.ndarray, lengths: np.ndarray, bos: int, eos: int, pad: int) -> np.ndarray:
@@ -75,18 +74,16 @@ def repeated_tokens(framed: np.ndarray, ngram: int, neighbours: bool, special: T
         columns.append(np.stack([framed[:, :-1], framed[:, 1:]], -1))  # (B, S, 2)
     n = int(ngram)
     if n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once (torch's loop over i)
+        context_cols, rest_cols, token_cols, apart = _ngram_geometry(W, n)
         real = framed != pad
-        ctx = np.pad(np.where(real, framed, -1), ((0, 0), (n - 1, n - 1)), constant_values=-1)  # (B, W+2n-2)
-        ctx_win = sliding_window_view(ctx, n - 1, axis=1)  # (B, W+n-1, n-1)
-        win = sliding_window_view(np.where(real, framed, -2), n, axis=1)  # (B, J, n)
-        J = win.shape[1]
-        slot, start, offset = np.arange(S), np.arange(J), np.arange(n)
-        spans = (start[None, :] <= slot[:, None]) & (start[None, :] >= slot[:, None] - n + 2)  # (S, J)
-        context = ctx_win[:, slot[None, :] - offset[:, None] + n]  # (B, n, S, n-1)
-        rest = win[:, :, _others(n)].transpose(0, 2, 1, 3)  # (B, n, J, n-1): the window without offset i
-        match = (context[:, :, :, None, :] == rest[:, :, None, :, :]).all(-1) & ~spans  # (B, n, S, J)
-        found = np.where(match, win.transpose(0, 2, 1)[:, :, None, :], pad)  # (B, n, S, J)
-        columns.append(found.transpose(0, 2, 1, 3).reshape(B, S, n * J))
+        ext = np.full((B, W + 2 * n - 2), -1, dtype=np.int64)  # the framed canvas, -1 outside it
+        ext[:, n - 1:n - 1 + W] = np.where(real, framed, -1)
+        windows = np.where(real, framed, -2)  # -2 at padding: never matches
+        context = ext[:, context_cols]  # (B, n, S, n-1): the slot's n-1 neighbours at offset i
+        rest = windows[:, rest_cols]  # (B, n, J, n-1): each window without its offset i
+        match = (context[:, :, :, None, :] == rest[:, :, None, :, :]).all(-1) & apart  # (B, n, S, J)
+        found = np.where(match, windows[:, token_cols][:, :, None, :], pad)  # (B, n, S, J)
+        columns.append(found.transpose(0, 2, 1, 3).reshape(B, S, -1))
     if not columns:
         return np.full((B, S, 0), pad, dtype=np.int64)
     out = np.concatenate(columns, -1) if len(columns) > 1 else columns[0]  # (B, S, M)
@@ -96,10 +93,20 @@ def repeated_tokens(framed: np.ndarray, ngram: int, neighbours: bool, special: T
     return np.where(never, pad, out).astype(np.int64, copy=False)
 
 
-@functools.lru_cache(maxsize=None)
-def _others(n: int) -> np.ndarray:
-    """For each offset i of an n-gram, the other n - 1 offsets: (n, n-1)."""
-    return np.asarray([[j for j in range(n) if j != i] for i in range(n)])
+@functools.lru_cache(maxsize=256)
+def _ngram_geometry(W: int, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Index arrays of :func:`repeated_tokens` for framed width W and n-grams: the columns (of the
+    framed canvas padded by n-1 on each side) holding slot l's context at offset i, framed columns
+    l-i+1 .. l-i+n-1 (n, S, n-1); the columns of each window without its offset i (n, J, n-1) and at
+    it (n, J); and which windows survive an insertion into each slot (S, J): those not spanning it."""
+    S, J = W - 1, W - n + 1
+    slot, start, offset = np.arange(S), np.arange(J), np.arange(n)
+    others = np.asarray([[j for j in range(n) if j != i] for i in range(n)])  # (n, n-1)
+    context = (slot[None, :] - offset[:, None])[:, :, None] + np.arange(n - 1)[None, None, :] + n
+    rest = start[None, :, None] + others[:, None, :]  # (n, J, n-1)
+    token = start[None, :] + offset[:, None]  # (n, J)
+    spans = (start[None, :] <= slot[:, None]) & (start[None, :] >= slot[:, None] - n + 2)  # (S, J)
+    return context, rest, token, ~spans
 
 
 def log2_bound(n: np.ndarray) -> np.ndarray:
