@@ -6,7 +6,9 @@ architectures, the ``insertion_loss`` criterion and the
 ``insertion_translation`` task, and allows fairseq checkpoints to load under
 torch's safe loader (``weights_only=True``). Without fairseq installed (a deployment), it
 registers nothing and imports nothing but the standard library: :mod:`fairseq_insertion.runtime`
-then runs exported models with numpy and onnxruntime alone.
+then runs exported models with numpy and onnxruntime alone. In fairseq's command lines, an
+option refused by the plugin or by fairseq's own checks ends the run in one line, as argparse's
+errors do (:func:`fairseq_insertion.fairseq_fixes.exit_on_option_errors`).
 ``InsertionTransformerModel.from_pretrained`` (and :func:`fairseq_insertion.hub.from_pretrained`)
 return the constraint-aware :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`.
 """
@@ -29,6 +31,13 @@ if _fairseq_installed():
     # fairseq checkpoints pickle their config as an argparse.Namespace (legacy
     # model args); allow exactly that instead of disabling the safe loader
     torch.serialization.add_safe_globals([argparse.Namespace])
+
+    # fairseq's command lines (the plugin is imported while they read their options): an option refused by
+    # the plugin or by fairseq's own checks ends the run in one line, `prog: error: ...`, status 2
+    from .config import DecodingError
+    from .fairseq_fixes import exit_on_option_errors
+
+    exit_on_option_errors((DecodingError,), DecodingError.command_line)
 
     # registration side effects (model, criterion, task); hub: fairseq_insertion.hub.from_pretrained
     from . import criterion, hub, model, task  # noqa: F401

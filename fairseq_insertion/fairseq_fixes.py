@@ -14,8 +14,10 @@ standard library only.
   empty source with constraints) into a source. Such a line is given the
   source :data:`EMPTY_SOURCE`, which the task reads as empty.
 * :func:`exit_on_option_errors`: fairseq's command lines catch no error, so an
-  option refused by the plugin would end the run with a traceback; in their
-  processes it ends as argparse's errors do (``prog: error: ...``, status 2).
+  option refused by the plugin, or by fairseq-generate's and -interactive's own
+  assertions (``--sampling requires --nbest to be equal to --beam``), would end
+  the run with a traceback; in their processes it ends as argparse's errors do
+  (``prog: error: ...``, status 2).
 * :func:`command_line_checkpoints`: fairseq-generate and -interactive load
   ``--path`` with torch's loader, whose error for a file that is not a
   checkpoint suggests ``weights_only=False``.
@@ -253,11 +255,12 @@ def command_line_program() -> Optional[str]:
 
 
 def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Callable[[Any], str]) -> bool:
-    """In a fairseq command-line process, an exception of one of the types ``errors`` (options refused
-    by the plugin) that nothing caught ends the run as argparse ends it for a bad option: one line,
-    ``prog: error: <message(exception)>``, on standard error, and exit status 2, instead of fairseq's
-    traceback. Any other exception reaches the previous ``sys.excepthook`` as it is. Installed once
-    (``sys.excepthook``); True when this process is such a command line."""
+    """In a fairseq command-line process, an exception that nothing caught, of one of the types ``errors``
+    (options refused by the plugin) or one of fairseq's own option checks (:func:`fairseq_option_check`),
+    ends the run as argparse ends it for a bad option: one line, ``prog: error: <message(exception)>``
+    (fairseq's: its message), on standard error, and exit status 2, instead of a traceback. Any other
+    exception reaches the previous ``sys.excepthook`` as it is. Installed once (``sys.excepthook``);
+    True when this process is such a command line."""
     prog = command_line_program()
     if prog is None:
         return False
@@ -266,14 +269,27 @@ def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Call
         return True
 
     def hook(exc_type, exc, tb):
-        if isinstance(exc, errors):
-            sys.stderr.write(f"{prog}: error: {message(exc)}\n")
+        if isinstance(exc, errors) or fairseq_option_check(exc, tb):
+            sys.stderr.write(f"{prog}: error: {message(exc) if isinstance(exc, errors) else exc}\n")
             sys.exit(2)
         previous(exc_type, exc, tb)
 
     hook.option_errors = errors  # type: ignore[attr-defined]
     sys.excepthook = hook
     return True
+
+
+def fairseq_option_check(exc: BaseException, tb: Any) -> bool:
+    """Whether ``exc`` (raised with the traceback ``tb``) is one of fairseq-generate's or -interactive's
+    checks of their options: an assertion with a message, raised in their ``main`` itself (e.g.
+    ``--batch-size cannot be larger than --buffer-size``), where nothing but options has been read."""
+    if not isinstance(exc, AssertionError) or not str(exc) or tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code, path = tb.tb_frame.f_code, Path(tb.tb_frame.f_code.co_filename)
+    return code.co_name == "main" and path.parent.name == "fairseq_cli" and path.name in ("generate.py",
+                                                                                            "interactive.py")
 
 
 # ----------------------------------------------------------------------------

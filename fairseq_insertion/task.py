@@ -23,7 +23,6 @@ from .fairseq_fixes import (
     command_line_checkpoints,
     command_line_generation,
     constraint_lines_on_stdin,
-    exit_on_option_errors,
     keep_remainder_batch,
     tolerant_interactive_input,
     tolerate_invalid_utf8_stdin,
@@ -130,8 +129,7 @@ class InsertionTranslationTask(TranslationTask):
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         # a decoding option that means nothing is refused before any work (fairseq's command lines: one line,
-        # `prog: error: ...`, status 2)
-        exit_on_option_errors((DecodingError,), DecodingError.command_line)
+        # `prog: error: ...`, status 2: see the package's __init__)
         generation = command_line_generation(cfg)
         DecodingConfig.from_options(cfg, generation)
         check_search_options(generation)

@@ -194,31 +194,31 @@ def _refused_in_one_line(proc, command, message):
 @pytest.mark.parametrize("command", ["fairseq-generate", "fairseq-interactive"])
 def test_a_refused_option_ends_the_command_in_one_line(trained, command):
     """argparse's way: `prog: error: ...` naming the option and the value, status 2, no traceback; for
-    fairseq's generation options (before the model is loaded), the plugin's (--eos-penalty) and those that
-    need what insertion decoding does not give (--print-alignment, after the model is loaded)."""
-    for flags, message in [
-            (["--max-len-b=-5"], "--max-len-b must be an integer >= 0, got -5"),
-            (["--nbest", 0], "--nbest must be an integer >= 1, got 0"),
-            (["--eos-penalty", "nan"], "--eos-penalty must be a finite number, got nan"),
-            (["--print-alignment"], "--print-alignment needs attention alignments, which insertion decoding "
-                                    "does not have; got 'hard'")]:
+    fairseq's generation options (before the model is loaded), those that need what insertion decoding
+    does not give (--print-alignment, after the model is loaded) and fairseq's own checks of its options
+    (--sampling); the plugin's own (--eos-penalty nan, ...): the property test above."""
+    alone = {"fairseq-generate": (["--print-alignment"], "--print-alignment needs attention alignments, which "
+                                                          "insertion decoding does not have; got 'hard'"),
+             "fairseq-interactive": (["--sampling"], "--sampling requires --nbest to be equal to --beam")}  # fairseq's
+    for flags, message in [(["--max-len-b=-5"], "--max-len-b must be an integer >= 0, got -5"),
+                           (["--nbest", 0], "--nbest must be an integer >= 1, got 0"), alone[command]]:
         _refused_in_one_line(_cli(trained, command, *flags), command, message)
 
 
 def test_generation_options_are_honoured_or_named_as_ignored(trained, hub, caplog):
     """--nbest prints up to its number of candidates (one per EOS penalty), saying when there are fewer;
     --beam (other than 1 and fairseq's 5), --sampling and friends are named as ignored."""
-    for command in ("fairseq-generate", "fairseq-interactive"):
-        proc = _cli(trained, command, "--nbest", 2, "--beam", 2, "--sampling", "--temperature", 0.5)
-        h = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
-        assert proc.returncode == 0 and len(h) == (4 if command == "fairseq-generate" else 2), proc.stderr[-2000:]
-        assert ("insertion decoding does not read --beam 2 (insertion decoding: --eos-penalties), --sampling, "
-                "--temperature 0.5: ignored") in proc.stderr
-        assert "--nbest 2: insertion decoding gives one hypothesis per EOS penalty, 1 here" in proc.stderr
-        proc = _cli(trained, command, "--nbest", 2, "--eos-penalties", "0,2")
-        h = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
-        assert proc.returncode == 0 and len(h) == (8 if command == "fairseq-generate" else 4), proc.stderr[-2000:]
-        assert "--nbest" not in proc.stderr and "ignored" not in proc.stderr
+    ignored = ("insertion decoding does not read --beam 2 (insertion decoding: --eos-penalties), --sampling, "
+               "--temperature 0.5: ignored")
+    proc = _cli(trained, "fairseq-generate", "--nbest", 2, "--beam", 2, "--sampling", "--temperature", 0.5)
+    h = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
+    assert proc.returncode == 0 and len(h) == len(parse_generate(proc.stdout)) == 4, proc.stderr[-2000:]  # 1 each
+    assert ignored in proc.stderr
+    assert "--nbest 2: insertion decoding gives one hypothesis per EOS penalty, 1 here" in proc.stderr
+    proc = _cli(trained, "fairseq-interactive", "--nbest", 2, "--beam", 2, "--sampling", "--temperature", 0.5,
+                "--eos-penalties", "0,2")
+    assert proc.returncode == 0 and sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 4
+    assert ignored in proc.stderr and "--nbest 2:" not in proc.stderr
     hub.cfg.dataset.batch_size = 2
     for keywords, message in [({"max_len_b": -5}, "--max-len-b (max_len_b=) must be an integer >= 0, got -5"),
                               ({"nbest": 0}, "--nbest (nbest=) must be an integer >= 1, got 0")]:
@@ -234,8 +234,8 @@ def test_generation_options_are_honoured_or_named_as_ignored(trained, hub, caplo
 
 
 def test_only_option_errors_end_a_command_line_in_one_line(tmp_path):
-    """The hook is installed in fairseq's command-line processes only; any other exception keeps its
-    traceback and status 1."""
+    """The hook is installed in fairseq's command-line processes only; any other exception (an assertion
+    outside fairseq's option checks too) keeps its traceback and status 1."""
     script = tmp_path / "fairseq-generate"
     script.write_text("import sys\n"
                       "from fairseq_insertion.decoding import DecodingError\n"
@@ -248,8 +248,8 @@ def test_only_option_errors_end_a_command_line_in_one_line(tmp_path):
     refused = "DecodingError('--nbest (nbest=) must be an integer >= 1, got 0')"
     proc = run([sys.executable, script, refused], check=False)
     _refused_in_one_line(proc, "fairseq-generate", "--nbest must be an integer >= 1, got 0")
-    proc = run([sys.executable, script, "RuntimeError('a genuine failure')"], check=False)
-    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RuntimeError: a genuine failure" in proc.stderr
+    proc = run([sys.executable, script, "AssertionError('a genuine failure')"], check=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "AssertionError: a genuine failure" in proc.stderr
     proc = run([sys.executable, other, refused], check=False)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "DecodingError: --nbest (nbest=)" in proc.stderr
 
