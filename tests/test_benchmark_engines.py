@@ -1,0 +1,136 @@
+"""benchmarks.engines end to end on a tiny teacher and insertion model: every engine, thread count and
+batch gets a row with numbers, the comparisons are made, the JSON holds placeholders for the paths and
+renders to the same table; CTranslate2's rows are left out, with a note, where it cannot be imported."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import engines as E
+from tests.test_warm_start import train_teacher
+from tests.utils import REPO, reverse_data, run, train_args
+
+SENTENCES, THREADS, BATCHES = 5, (1, 2), (1, 4)
+NUMBERS = ("seconds", "sentences_per_s", "passes", "passes_per_sentence", "ms_per_pass", "bleu", "mean_length")
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """(root, teacher, insertion checkpoint) on a reverse corpus: a 3-update teacher, a 20-update insertion model."""
+    root = reverse_data(tmp_path_factory, "engines", 200, 8, 8)
+    teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
+    run(train_args(root / "bin", root / "insertion", "--max-update", "20", "--no-epoch-checkpoints"))
+    return root, teacher, root / "insertion" / "checkpoint_last.pt"
+
+
+def benchmark(kit, out, *extra, env=None):
+    root, teacher, insertion = kit
+    cmd = [sys.executable, "-m", "benchmarks.engines", "--teacher", teacher, "--data-bin", root / "bin",
+           "--insertion", insertion, "--ref", root / "raw" / "test.tgt", "--lang", "none", "--out", out,
+           "--sentences", str(SENTENCES), *extra]
+    return subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+
+
+@pytest.fixture(scope="module")
+def results(kit, tmp_path_factory):
+    out = tmp_path_factory.mktemp("engines_out")
+    proc = benchmark(kit, out, "--threads", *map(str, THREADS), "--batches", *map(str, BATCHES))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "engines.json").read_text())
+
+
+def expected_engines():
+    return [k for k in E.ENGINES if E.ENGINES[k][1] != "ctranslate2" or E.ctranslate2_available()]
+
+
+def test_every_engine_thread_count_and_batch_has_a_row_with_numbers(results):
+    out, res = results
+    rows = {r["name"]: r for r in res["rows"]}
+    wanted = [E.row_name(k, t, b) for k in expected_engines() for t in THREADS for b in BATCHES]
+    assert sorted(rows) == sorted(wanted)
+    for r in rows.values():
+        for key in NUMBERS:
+            assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (r["name"], key)
+        assert r["seconds"] > 0 and r["passes"] > 0 and 0 <= r["bleu"] <= 100, r
+        assert r["sentences"] == SENTENCES and r["threads"] in THREADS and r["batch"] in BATCHES
+        hyps = (out / "hyps" / f"{r['name']}.txt").read_text().splitlines()
+        assert len(hyps) == SENTENCES
+        if r["model"] == "teacher":  # one greedy step per output piece and the end marker
+            assert r["mean_iterations"] is None
+            if r["batch"] == 1:
+                assert r["passes"] == sum(len(h.split()) + 1 for h in hyps), r
+        else:  # at least one pass a sentence, and as many passes as the iterations at batch 1 (+ the last)
+            assert r["mean_iterations"] >= 1 and r["mean_log2_bound"] >= 1, r
+            if r["batch"] == 1:
+                assert r["passes_per_sentence"] >= r["mean_iterations"], r
+    if not E.ctranslate2_available():
+        assert any("ctranslate2" in n for n in res["notes"])
+    assert {(b["engine_key"], b["batch"]) for b in res["best_threads"]} == {
+        (k, b) for k in expected_engines() for b in BATCHES}
+
+
+def test_the_runtime_gives_the_pytorch_hypotheses_and_every_comparison_is_made(results):
+    _, res = results
+    for name in ("runtime fp32 = PyTorch, parallel", "runtime fp32 = PyTorch, greedy"):
+        mine = [p for p in res["parity"] if p["comparison"] == name]
+        assert len(mine) == len(THREADS) * len(BATCHES)
+        assert all(p["identical"] == p["sentences"] == SENTENCES for p in mine), mine
+    metrics = [t["metric"] for t in res["targets"]]
+    assert any(m.startswith("runtime int8 - fp32 BLEU") for m in metrics)
+    if E.ctranslate2_available():
+        for precision in ("fp32", "int8"):
+            speed = [t for t in res["targets"] if t["metric"].startswith(f"runtime / CTranslate2 seconds, {precision}, "
+                                                                         "batch 1 ")]
+            assert len(speed) == 1 and speed[0]["target"] == "<= 1" and speed[0]["value"] > 0, speed
+    agreement = {(a["engine_key"], a["threads"]) for a in res["batch_agreement"]}
+    assert agreement == {(k, t) for k in expected_engines() for t in THREADS}
+
+
+def test_paths_are_placeholders_and_the_table_renders_again(results):
+    out, res = results
+    text = (out / "engines.json").read_text()
+    assert str(out) not in text and str(REPO) not in text and str(out.parent) not in text
+    assert res["command"].startswith("python -m benchmarks.engines --teacher ") and "--out OUT " in res["command"]
+    assert "--path INS/checkpoint_last.pt" in res["prepared"]["runtime_int8"]["command"]
+    assert "--int8" in res["prepared"]["runtime_int8"]["command"]
+    assert res["machine"] and res["versions"]["onnxruntime"] and res["thread_counts"] == list(THREADS)
+    table = (out / "engines.md").read_text()
+    (out / "engines.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.engines", "--out", str(out), "--render"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "engines.md").read_text() == table == proc.stdout
+    committed = out / "elsewhere" / "engines_cpu.json"  # a results file renders beside itself
+    committed.parent.mkdir()
+    committed.write_text(text)
+    assert E.main(["--render", str(committed)]) == 0 and committed.with_suffix(".md").read_text() == table
+    assert table.count("| runtime | insertion | fp32 | parallel |") == len(BATCHES)
+
+
+def test_without_ctranslate2_its_rows_are_left_out_with_a_note(kit, tmp_path):
+    blocker = tmp_path / "block" / "ctranslate2"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('ctranslate2 blocked by the test')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path / "block")}
+    proc = benchmark(kit, tmp_path / "out", "--threads", "1", "--batches", "1", "--engines",
+                     "teacher_ctranslate2_fp32", "insertion_runtime_fp32", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "engines.json").read_text())
+    assert [r["engine_key"] for r in res["rows"]] == ["insertion_runtime_fp32"]
+    assert "ctranslate2 is not installed: its rows are left out" in res["notes"]
+
+
+def test_bad_input_is_named(kit, tmp_path):
+    proc = benchmark(kit, tmp_path / "out", "--insertion", tmp_path / "missing.pt")
+    assert proc.returncode == 2 and f"--insertion {tmp_path / 'missing.pt'}: not found" in proc.stderr
+
+
+def test_schedule_and_output_limit():
+    sources = [["a"] * n for n in (2, 5, 3, 5, 1)]
+    assert E.schedule(sources, 2) == [[1, 3], [2, 0], [4]]
+    assert sorted(i for b in E.schedule(sources, 1) for i in b) == list(range(5))
+    # fairseq's limit: int(1.2 x (width + end marker) + 10), capped by the model's positions
+    assert E.output_limit(5, (1.2, 10), 1023) == 17 and E.output_limit(5, (1.2, 10), 12) == 12
