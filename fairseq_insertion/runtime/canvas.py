@@ -56,7 +56,7 @@ def place(destinations: np.ndarray, canvas: np.ndarray, slot_values: np.ndarray,
     """Apply :func:`insertion_destinations` to one per-token array: (B, K) and (B, S) -> (B, W)."""
     B = canvas.shape[0]
     out = np.full((B, width + 1), pad, dtype=canvas.dtype)  # one spare column catches what does not land
-    np.put_along_axis(out, destinations, np.concatenate([canvas, slot_values.astype(canvas.dtype)], 1), 1)
+    out[np.arange(B)[:, None], destinations] = np.concatenate([canvas, slot_values.astype(canvas.dtype)], 1)
     return out[:, :width]
 
 
