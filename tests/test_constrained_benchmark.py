@@ -1,0 +1,79 @@
+"""The constrained benchmark (python -m benchmarks.constrained) end to end on tiny models: every system
+gets its row, the constraints are drawn as documented, the plugin's constrained outputs hold every
+constraint as whole words, --quality-only leaves the seconds out."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from examples.multi30k.prepare import prepare
+from tests.test_warm_start import train_teacher
+from tests.utils import REPO, run, train_args
+
+EN = ["apple", "banana", "cherry", "dog", "elephant", "forest", "garden", "house", "island", "jungle", "kitchen",
+      "lemon", "mountain", "notebook", "orange", "pencil"]
+DE = ["Apfel", "Banane", "Kirsche", "Hund", "Elefant", "Wald", "Garten", "Haus", "Insel", "Dschungel", "Küche",
+      "Zitrone", "Berg", "Notizbuch", "Orange", "Bleistift"]
+
+
+def _raw(directory, seed=0):
+    """Multi30k-named raw files: a source of distinct words, its target the translated words reversed."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True)
+    for stem, n in (("train", 300), ("val", 10), ("test_2016_flickr", 12)):
+        pairs = []
+        for _ in range(n):
+            idx = rng.sample(range(len(EN)), rng.randint(3, 8))
+            pairs.append((" ".join(EN[i] for i in idx) + " .", " ".join(DE[i] for i in reversed(idx)) + " ."))
+        for lang, side in (("en", 0), ("de", 1)):
+            (directory / f"{stem}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    root = tmp_path_factory.mktemp("constrained_kit")
+    _raw(root / "raw")
+    prepare(root / "data", root / "raw", "en", "de", bpe_merges=40, workers=1)
+    teacher = train_teacher(root / "data" / "data-bin", root / "teacher", "--share-all-embeddings")
+    run(train_args(root / "data" / "data-bin", root / "ins", "--max-update", "3", "--no-epoch-checkpoints"))
+    return root, teacher
+
+
+def test_constrained_benchmark_end_to_end(kit, tmp_path):
+    root, teacher = kit
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.constrained", "--out", str(out), "--raw-dir", str(root / "raw"),
+         "--teacher", str(teacher), "--data-bin", str(root / "data" / "data-bin"),
+         "--bpe-codes", str(root / "data" / "bpe.codes"), "--insertion", str(root / "ins" / "checkpoint_last.pt"),
+         "--quality-only", "--betas", "1", "3", "--candidates", "0,2", "--lenpens", "1"],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "constrained.json").read_text())
+    assert results["failed"] == {} and results["timed"] is False
+    drawn = [line.split("\t") for line in (out / "constraints" / "test.txt").read_text().splitlines()]
+    assert len(drawn) == 12 and all(1 <= len(cs) <= 2 for cs in drawn)
+    assert results["constraints"]["test"]["constraints"] == sum(map(len, drawn))
+    assert results["beam_probe"]["smallest_beam"] == 1  # fairseq's constrained beam search takes beam 1
+    rows = {r["name"]: r for r in results["systems"]}
+    assert sorted(rows) == sorted(["ar_greedy", "ar_beam5", "ar_beam5_constrained", "ar_beam1_constrained",
+                                   *(f"ins_{s}{c}" for s in ("parallel", "rerank") for c in ("", "_constrained"))])
+    for r in rows.values():
+        assert 0.0 <= r["bleu"] <= 100.0 and r["constraints"] == sum(map(len, drawn)), r["name"]
+        assert r["decode_seconds_batch1"] is None and r["decode_seconds_batch128"] is None  # not timed
+        assert r["same_outputs_batch1_batch128"]["sentences"] == 12, r["name"]
+        assert "fairseq-interactive" in r["command"] or "fairseq_cli.interactive" in r["command"]
+    for name in ("ins_parallel_constrained", "ins_rerank_constrained"):
+        assert rows[name]["whole_word_rate"] == 1.0, rows[name]
+        assert "--constraints ordered" in rows[name]["command"]
+    assert rows["ins_parallel_constrained"]["settings"]["eos_penalty"] in (1.0, 3.0)
+    assert rows["ins_rerank_constrained"]["settings"]["eos_penalties"] == [0.0, 2.0]
+    assert "--rerank-with" in rows["ins_rerank_constrained"]["command"]
+    # the plugin decodes the same at batch 1 and 128
+    assert rows["ins_parallel_constrained"]["same_outputs_batch1_batch128"]["all_same"]
+    assert results["targets"][0]["met"] is True
+    table = (out / "constrained.md").read_text()
+    assert all(f"| {n} |" in table for n in rows) and "Not timed" in table
