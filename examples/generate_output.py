@@ -123,6 +123,14 @@ def lengths(gen: GenerateOutput, p_specials: int = 1) -> dict[int, int]:
             else len(remove_bpe(h).split()) for i, h in gen.hypotheses.items()}
 
 
+def detokenized(gen: GenerateOutput, lang: str | None) -> list[str]:
+    """The ``H-`` hypotheses in id order as they are scored: BPE removed, Moses-detokenised (``lang``;
+    None: words joined by spaces)."""
+    detok = MosesDetokenizer(lang=lang) if lang else None
+    words = [remove_bpe(gen.hypotheses[i]).split() for i in sorted(gen.hypotheses)]
+    return [detok.detokenize(w, unescape=False) if detok else " ".join(w) for w in words]
+
+
 def score(gen: GenerateOutput, references: list[str], lang: str | None, p_specials: int = 1) -> dict:
     """Detokenised corpus BLEU (with its signature and brevity penalty), the mean length, and the
     iteration statistics against floor(log2 n)+1. Every reference needs exactly one hypothesis."""
@@ -136,9 +144,7 @@ def score(gen: GenerateOutput, references: list[str], lang: str | None, p_specia
             msg += f"; hypothesis ids beyond the reference: {_format_ids(extra)}"
         raise ScoreError(msg)
     ids = sorted(gen.hypotheses)
-    detok = MosesDetokenizer(lang=lang) if lang else None
-    words = [remove_bpe(gen.hypotheses[i]).split() for i in ids]
-    hyps = [detok.detokenize(w, unescape=False) if detok else " ".join(w) for w in words]
+    hyps = detokenized(gen, lang)
     bleu = BLEU()
     result = bleu.corpus_score(hyps, [references])
     n = lengths(gen, p_specials)

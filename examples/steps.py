@@ -5,6 +5,7 @@ choose an EOS penalty on valid, plot iterations against length. Commands come fr
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import shutil
 import sys
@@ -35,7 +36,7 @@ def train(cmd: Sequence[str], save_dir: Path) -> dict:
     wall = run(cmd, log)
     if not (save_dir / "checkpoint_last.pt").is_file():
         raise RecipeError(f"training wrote no {save_dir / 'checkpoint_last.pt'}; log {log}")
-    return {"command": shlex.join(cmd), "wall_seconds": wall, **training_speed(log)}
+    return {"command": shlex.join(cmd), "wall_seconds": wall, **training_speed(log), **training_losses(log)}
 
 
 def training_speed(log: Path) -> dict:
@@ -55,6 +56,25 @@ def training_speed(log: Path) -> dict:
         raise RecipeError(f"no training summary (train_wps) in {log}")
     return {"train_target_tokens_per_s": tokens / wall, "train_target_tokens": tokens,
             "train_updates": int(float(last["train_num_updates"]))}
+
+
+def training_losses(log: Path) -> dict:
+    """The losses in fairseq's json log lines: how many, whether every one is finite, the last one; with
+    ``--fp16``, the updates skipped for a gradient overflow and the smallest loss scale."""
+    losses, scales, overflows = [], [], 0
+    for line in log.read_text(errors="replace").splitlines():
+        overflows += "gradient overflow detected" in line
+        if "{" not in line:
+            continue
+        try:
+            stats = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        losses += [float(stats[k]) for k in ("loss", "train_loss") if k in stats]
+        scales += [float(stats[k]) for k in ("loss_scale", "train_loss_scale") if k in stats]
+    return {"losses_logged": len(losses), "losses_finite": bool(losses) and all(map(math.isfinite, losses)),
+            "last_loss": losses[-1] if losses else None, "gradient_overflows": overflows,
+            **({"min_loss_scale": min(scales)} if scales else {})}
 
 
 def distill(data_bin: Path, teacher: Path, out: Path, device: str = "cpu", beam: int = 5, max_tokens: int = 8192,
@@ -126,15 +146,17 @@ def head_subset(data_bin: Path, subset: str, n: int, dest: Path, pair: tuple[str
 
 
 def decode(data_bin: Path, checkpoint: Path, out: Path, references: list[str], lang: str | None,
-           model: str = "insertion", subset: str = "test", head: int | None = None, **generate) -> dict:
+           model: str = "insertion", subset: str = "test", head: int | None = None,
+           launcher: Callable[..., int] | None = None, **generate) -> dict:
     """Translate ``subset`` (its first ``head`` sentences when given) into ``out`` and score it
     against ``references`` (raw lines; ``lang``: the Moses detokeniser's language, None for none).
-    Returns BLEU, lengths, iterations, fairseq's generation seconds and the command."""
+    Returns BLEU, lengths, iterations, fairseq's generation seconds and the command.
+    ``launcher``: how the command is started (:func:`examples.commands.run`)."""
     if head is not None and head < len(references):
         data_bin = head_subset(data_bin, subset, head, out.parent / f"{subset}-head{head}")
         references = references[:head]
     cmd = generate_command(data_bin, checkpoint, model, subset=subset, **generate)
-    run(cmd, out.with_suffix(".log"), stdout=out)
+    run(cmd, out.with_suffix(".log"), stdout=out, launcher=launcher)
     gen = read_generate_output(out, out.with_suffix(".log"))
     try:
         result = score(gen, references, lang, p_specials=2 if model in FAIRSEQ_NAT else 1)
