@@ -2,10 +2,14 @@
 
 In decoding, every pass runs the decoder over new canvases of the same source
 sentences. :func:`encoder_cache` projects the encoder output to every layer's
-encoder-attention keys and values once per batch; :func:`cached_slot_states`
-then runs fairseq's decoder layers over a framed canvas with full
-self-attention (what ``extract_features(..., full_context_alignment=True)``
-computes), each attention one ``scaled_dot_product_attention`` call.
+encoder-attention keys and values once per batch, all layers in one matrix
+product; :func:`cached_slot_states` then runs fairseq's decoder layers over a
+framed canvas with full self-attention (what ``extract_features(...,
+full_context_alignment=True)`` computes), each attention one
+``scaled_dot_product_attention`` call, the self-attention's queries, keys and
+values one matrix product. The fused weights (:func:`fused_projections`) are
+built once per model; the model keeps them and rebuilds them when a parameter
+they come from changes.
 
 This is the only code of the package that mirrors fairseq's layer internals
 (``TransformerDecoderBase.extract_features``, ``TransformerDecoderLayerBase``,
@@ -16,7 +20,7 @@ paths against ``extract_features``.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,30 +28,96 @@ from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
 
+class FusedProjections(NamedTuple):
+    """The decoder's attention projections fused for inference (:func:`fused_projections`).
+
+    ``self_attention``: per layer, the self-attention's q, k and v projections as one
+    (weight (3C, C), bias (3C,) or None); the query scaling stays in the attention call
+    (``scaled_dot_product_attention`` applies it inside its kernel, and folded into the q
+    rows it would round q differently wherever it is not a power of two);
+    ``encoder_attention``: every layer's encoder-attention k and v projections as one
+    (weight (L 2C, C_enc), bias), rows k_0, v_0, k_1, v_1, ...; ``source``: the parameters
+    they were made from, each with its data pointer, version counter, dtype and device then,
+    to see a change (:meth:`fits`).
+    """
+
+    self_attention: List[Tuple[Tensor, Optional[Tensor]]]
+    encoder_attention: Tuple[Tensor, Optional[Tensor]]
+    source: Tuple[Tuple[Tensor, tuple], ...]
+
+    def fits(self, parameters: List[Tensor]) -> bool:
+        """Whether ``parameters`` are those they were made from, unchanged."""
+        return len(parameters) == len(self.source) and all(
+            p is q and _state(p) == state for p, (q, state) in zip(parameters, self.source))
+
+
+def _state(p: Tensor) -> tuple:
+    return p.data_ptr(), p._version, p.dtype, p.device
+
+
+def _projections(decoder: TransformerDecoderBase) -> List[nn.Module]:
+    """The projections :func:`fused_projections` fuses: each layer's self-attention q, k, v
+    and encoder-attention k, v."""
+    return [proj for layer in decoder.layers for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                          layer.self_attn.v_proj, layer.encoder_attn.k_proj,
+                                                          layer.encoder_attn.v_proj)]
+
+
+def fused_projections(decoder: TransformerDecoderBase,
+                      previous: Optional[FusedProjections] = None) -> Optional[FusedProjections]:
+    """The fused attention projections of ``decoder`` (``previous`` when it still fits the
+    parameters), or None where :func:`cacheable` rejects the layers or a projection is not a
+    plain ``nn.Linear`` (int8 dynamic quantization): those run projection by projection."""
+    projections = _projections(decoder) if cacheable(decoder) else []
+    # plain nn.Linear (not int8 dynamic quantization), a bias on all or none
+    if not projections or not all(isinstance(p, nn.Linear) for p in projections) \
+            or len({p.bias is None for p in projections}) != 1:
+        return None
+    parameters = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+    if previous is not None and previous.fits(parameters):
+        return previous
+
+    def cat(tensors: List[Optional[Tensor]]) -> Optional[Tensor]:
+        return None if tensors[0] is None else torch.cat(tensors)
+
+    with torch.no_grad():
+        fused = []
+        for layer in decoder.layers:
+            a = layer.self_attn
+            fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                          cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])))
+        cross = [layer.encoder_attn for layer in decoder.layers]
+        encoder_attention = (torch.cat([w for a in cross for w in (a.k_proj.weight, a.v_proj.weight)]),
+                             cat([b for a in cross for b in (a.k_proj.bias, a.v_proj.bias)]))
+    return FusedProjections(fused, encoder_attention, tuple((p, _state(p)) for p in parameters))
+
+
 class EncoderCache(NamedTuple):
     """What every decoding pass reuses of a batch's source side (one entry per sentence).
 
     Either the encoder-attention keys and values of every decoder layer,
     computed once (``keys``/``values``: per layer (B, heads, S_src, head dim);
-    ``padding_mask``: (B, S_src) True at source padding; ``positions``: the
-    decoder's position embeddings of a canvas without padding, (1, max target
-    positions, C)), or, for decoder layers this fast path does not cover,
-    fairseq's ``encoder_out``.
+    ``source_keep``: (B, 1, 1, S_src) True at real source tokens, None where no
+    source is padded; ``positions``: the decoder's position embeddings of a canvas
+    without padding, (1, max target positions, C); ``fused``: the model's fused
+    projections, None where they run one by one), or, for decoder layers this fast
+    path does not cover, fairseq's ``encoder_out``.
     """
 
     encoder_out: Optional[Dict[str, List[Tensor]]]
     keys: List[Tensor]
     values: List[Tensor]
-    padding_mask: Optional[Tensor]
+    source_keep: Optional[Tensor]
     positions: Optional[Tensor] = None
+    fused: Optional[FusedProjections] = None
 
     def select(self, order: Tensor) -> "EncoderCache":
         """The cached keys, values and mask of the sentences ``order`` (A,), in that order
         (``encoder_out``, when set, is reordered by the encoder: see the model)."""
-        mask = self.padding_mask
+        keep = self.source_keep
         return self._replace(keys=[k.index_select(0, order) for k in self.keys],
                              values=[v.index_select(0, order) for v in self.values],
-                             padding_mask=None if mask is None else mask.index_select(0, order))
+                             source_keep=None if keep is None else keep.index_select(0, order))
 
 
 def cacheable(decoder: TransformerDecoderBase) -> bool:
@@ -66,25 +136,35 @@ def cacheable(decoder: TransformerDecoderBase) -> bool:
     )
 
 
-def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
+def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[Tensor]],
+                  fused: Optional[FusedProjections] = None) -> EncoderCache:
     """Project the encoder output to every layer's encoder-attention keys and values once
-    (or keep ``encoder_out`` for layers :func:`cacheable` rejects)."""
+    (or keep ``encoder_out`` for layers :func:`cacheable` rejects). ``fused``: the model's
+    :func:`fused_projections` (None: built here)."""
     if not cacheable(decoder):
         return EncoderCache(encoder_out, [], [], None)
+    fused = fused if fused is not None else fused_projections(decoder)
     enc = encoder_out["encoder_out"][0]  # (S_src, B, C)
     mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+    source_keep = None if mask is None or not bool(mask.any()) else ~mask[:, None, None, :]  # (B, 1, 1, S_src)
     S_src, B, _ = enc.shape
     keys, values = [], []
-    for layer in decoder.layers:
-        attn = layer.encoder_attn
-        for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
-            x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
-            out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
+    if fused is not None:  # every layer's keys and values in one product: (L, 2, B, heads, S_src, head dim)
+        attn = decoder.layers[0].encoder_attn
+        kv = F.linear(enc, *fused.encoder_attention).view(S_src, B, len(decoder.layers), 2, attn.num_heads,
+                                                            attn.head_dim).permute(2, 3, 1, 4, 0, 5).contiguous()
+        keys, values = list(kv[:, 0].unbind(0)), list(kv[:, 1].unbind(0))
+    else:
+        for layer in decoder.layers:
+            attn = layer.encoder_attn
+            for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
+                x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
+                out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
     positions = None
     if decoder.embed_positions is not None:  # fairseq's make_positions numbers the real tokens 1, 2, ...
         positions = decoder.embed_positions(enc.new_full((1, decoder.max_positions()), decoder.dictionary.bos(),
                                                          dtype=torch.long))  # (1, P, C)
-    return EncoderCache(None, keys, values, mask, positions)
+    return EncoderCache(None, keys, values, source_keep, positions, fused)
 
 
 def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: EncoderCache) -> Tensor:
@@ -93,23 +173,26 @@ def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: E
     ``pair_slots``); framed: (A, T+2) -> slot states (A, T+1, C)."""
     if cache.encoder_out is not None:
         return decoder.slot_states(framed, cache.encoder_out)
-    x = decoder.embed_scale * decoder.embed_tokens(framed)  # (A, T+2, C), as in extract_features
+    x = decoder.embed_tokens(framed).mul_(decoder.embed_scale)  # (A, T+2, C), as in extract_features
     if decoder.quant_noise is not None:
         x = decoder.quant_noise(x)
     if decoder.project_in_dim is not None:
         x = decoder.project_in_dim(x)
     if cache.positions is not None:  # canvases are right-padded: a prefix of the table, zero at padding
         positions = cache.positions[:, : framed.size(1)]  # (1, T+2, C)
-        x = x + (positions if framed.size(0) == 1 else positions * framed.ne(decoder.padding_idx).unsqueeze(-1))
+        if framed.size(0) == 1:
+            x.add_(positions)
+        else:  # x + positions * real, the product exact
+            x.addcmul_(positions, framed.ne(decoder.padding_idx).unsqueeze(-1).to(x.dtype))
     if decoder.layernorm_embedding is not None:
         x = decoder.layernorm_embedding(x)
     x = decoder.dropout_module(x).transpose(0, 1)  # (T+2, A, C)
     # a single canvas has no padding (the generator trims the batch to its longest canvas);
     # fairseq's extract_features passes no mask then either
     keep = framed.ne(decoder.padding_idx)[:, None, None, :] if framed.size(0) > 1 else None  # (A, 1, 1, T+2)
-    src_keep = None if cache.padding_mask is None else ~cache.padding_mask[:, None, None, :]  # (A, 1, 1, S_src)
-    for layer, k, v in zip(decoder.layers, cache.keys, cache.values):
-        x = _cached_layer(layer, x, keep, k, v, src_keep)
+    qkv = cache.fused.self_attention if cache.fused is not None else [None] * len(decoder.layers)
+    for layer, k, v, fused in zip(decoder.layers, cache.keys, cache.values, qkv):
+        x = _cached_layer(layer, x, keep, k, v, cache.source_keep, fused)
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
     x = x.transpose(0, 1)
@@ -118,35 +201,42 @@ def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: E
     return decoder.pair_slots(x)  # (A, T+1, C)
 
 
-def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor,
-                  src_keep: Optional[Tensor]) -> Tensor:
+def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor, src_keep: Optional[Tensor],
+                  qkv: Optional[Tuple[Tensor, Optional[Tensor]]]) -> Tensor:
     """One fairseq decoder layer in inference (full self-attention over the canvas), with
-    the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d)."""
-    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: _attention(layer.self_attn, h, h, keep))
+    the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d);
+    qkv: the self-attention's fused projection (None: projection by projection)."""
+    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: _attention(layer.self_attn, h, h, keep, qkv))
     x = _residual(layer, layer.encoder_attn_layer_norm, x,
                   lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep))
-    return _residual(layer, layer.final_layer_norm, x,
-                     lambda h: layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(h)))))
+    return _residual(layer, layer.final_layer_norm, x, lambda h: layer.fc2(layer.activation_dropout_module(
+        torch.relu_(layer.fc1(h)) if layer.activation_fn is F.relu else layer.activation_fn(layer.fc1(h)))))
 
 
 def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum."""
-    y = sublayer(norm(x) if layer.normalize_before else x)
-    x = layer.residual_connection(layer.dropout_module(y), x)
+    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum
+    (``residual_connection``'s x + y, added into the sublayer's fresh output)."""
+    x = layer.dropout_module(sublayer(norm(x) if layer.normalize_before else x)).add_(x)
     return x if layer.normalize_before else norm(x)
 
 
-def _attention(attn, x: Tensor, kv, keep: Optional[Tensor]) -> Tensor:
+def _attention(attn, x: Tensor, kv, keep: Optional[Tensor],
+               qkv: Optional[Tuple[Tensor, Optional[Tensor]]] = None) -> Tensor:
     """A fairseq ``MultiheadAttention`` in inference, as one scaled_dot_product_attention call.
 
     x: (T, A, C) queries; kv: the canvas itself (T, A, C) for self-attention, or the cached
     encoder keys and values, each (A, heads, S_src, d); keep: (A, 1, 1, S) True where
-    attending is allowed (None: everywhere)."""
+    attending is allowed (None: everywhere); qkv: self-attention only, the fused q/k/v
+    projection (:class:`FusedProjections`)."""
     T, A, C = x.shape
 
     def heads(y: Tensor) -> Tensor:  # (L, A, C) -> (A, heads, L, d)
         return y.view(y.size(0), A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
 
-    k, v = (heads(attn.k_proj(kv)), heads(attn.v_proj(kv))) if torch.is_tensor(kv) else kv
-    x = F.scaled_dot_product_attention(heads(attn.q_proj(x)), k, v, attn_mask=keep, scale=attn.scaling)
+    if qkv is not None:  # (T, A, 3C) -> q, k, v (A, heads, T, d) each
+        q, k, v = F.linear(x, *qkv).view(T, A, 3, attn.num_heads, attn.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+    else:
+        k, v = (heads(attn.k_proj(kv)), heads(attn.v_proj(kv))) if torch.is_tensor(kv) else kv
+        q = heads(attn.q_proj(x))
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=attn.scaling)
     return attn.out_proj(x.permute(2, 0, 1, 3).reshape(T, A, C))

@@ -51,7 +51,7 @@ from .checkpoints import (
     unreadable_checkpoint,
 )
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
-from .fast_decoder import EncoderCache, cached_slot_states, encoder_cache
+from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
 from .hub_interface import InsertionHubInterface
 
 logger = logging.getLogger(__name__)
@@ -222,6 +222,11 @@ class InsertionTransformerModel(TransformerModel):
     :meth:`load_state_dict` names when a checkpoint does not fit them; None where the task has
     none. Set by :meth:`build_model`."""
 
+    _fused_projections: Optional[FusedProjections] = None
+    """The decoder's attention projections fused for decoding, built by :meth:`decoding_cache` on
+    first use and rebuilt there when a parameter they come from changes (training, loading,
+    a move to another device or dtype)."""
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -315,7 +320,8 @@ class InsertionTransformerModel(TransformerModel):
 
     # decoding (fairseq_insertion.generator): the encoder runs once, every pass reuses its keys/values
     def decoding_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
-        return encoder_cache(self.decoder, encoder_out)
+        self._fused_projections = fused_projections(self.decoder, self._fused_projections)
+        return encoder_cache(self.decoder, encoder_out, self._fused_projections)
 
     def reorder_decoding_cache(self, cache: EncoderCache, order: Tensor) -> EncoderCache:
         """Keep the sentences ``order`` (A,) of the cache, in that order."""

@@ -1,13 +1,18 @@
 """The cached inference path (fairseq_insertion.fast_decoder) against fairseq's own decoder:
 slot states equal ``extract_features(..., full_context_alignment=True)`` on tiny models
 (post-norm; pre-norm with learned positions and an embedding layer norm), for batches of
-padded canvases and for one canvas; layers the path does not cover fall back to fairseq."""
+padded canvases and for one canvas; the fused projections give what the projections give one
+by one, and the model rebuilds them when its weights change; layers the path does not cover
+fall back to fairseq."""
+
+import copy
 
 import pytest
 import torch
 
 from fairseq_insertion import canvas as C
-from fairseq_insertion.fast_decoder import cacheable, cached_slot_states, encoder_cache
+from fairseq_insertion import precision as P
+from fairseq_insertion.fast_decoder import cacheable, cached_slot_states, encoder_cache, fused_projections
 from tests.utils import build_task, random_source_batch, reverse_data
 
 POST_NORM = ()
@@ -95,6 +100,58 @@ def test_decoding_pass_equals_the_training_forward(data):
     torch.testing.assert_close(got_content.log_softmax(-1), content[order][:, :S][select], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_location[select], location[order][:, :S][select], atol=1e-5, rtol=1e-5)
     assert torch.isinf(got_location[~select]).all()
+
+
+def test_fused_projections_give_what_the_projections_give_one_by_one(data):
+    """The self-attention's q, k and v in one product and every layer's
+    encoder-attention keys and values in one product, against the modules called one by one."""
+    model, d = build(data, *PRE_NORM)
+    src, framed = inputs(d, (5, 9, 2), (0, 6, 3))
+    with torch.no_grad():
+        enc = model.encoder(src["src_tokens"], src_lengths=src["src_lengths"])
+        cache = encoder_cache(model.decoder, enc)
+        assert cache.fused is not None
+        fused = cached_slot_states(model.decoder, framed, cache)
+        one_by_one = cached_slot_states(model.decoder, framed, cache._replace(fused=None))
+        x = enc["encoder_out"][0]  # (S_src, B, C)
+        for layer, keys, values in zip(model.decoder.layers, cache.keys, cache.values):
+            a = layer.encoder_attn
+            for proj, got in ((a.k_proj, keys), (a.v_proj, values)):
+                want = proj(x).view(x.size(0), x.size(1), a.num_heads, a.head_dim).permute(1, 2, 0, 3)
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fused, one_by_one, atol=1e-6, rtol=1e-6)
+
+
+def test_the_model_builds_its_fused_projections_once_and_again_when_its_weights_change(data):
+    model, d = build(data)
+    src, framed = inputs(d, (5, 9, 2), (0, 6, 3))
+    real = framed[:, 1:].ne(d.pad())
+    with torch.no_grad():
+        enc = model.encoder(src["src_tokens"], src_lengths=src["src_lengths"])
+        first = model.decoding_cache(enc).fused
+        assert first is not None and model.decoding_cache(enc).fused is first  # built once, reused
+        model.decoder.layers[1].self_attn.q_proj.weight.mul_(3.0)  # changed in place (training, loading)
+        cache = model.decoding_cache(enc)
+        assert cache.fused is not first
+        torch.testing.assert_close(cached_slot_states(model.decoder, framed, cache)[real],
+                                   model.decoder.slot_states(framed, enc)[real], atol=1e-5, rtol=1e-5)
+        model.double()  # another dtype: rebuilt in it
+        assert model.decoding_cache(model.encoder(src["src_tokens"], src_lengths=src["src_lengths"])).fused \
+            .self_attention[0][0].dtype == torch.float64
+
+
+def test_quantized_projections_run_one_by_one(data):
+    """int8 dynamic quantization replaces the projections with quantized modules: nothing is fused,
+    and the cached path calls them as fairseq's decoder does."""
+    model, d = build(data, *PRE_NORM)
+    if torch.backends.quantized.engine in (None, "none"):
+        pytest.skip("no quantized engine")
+    model = P.for_decoding(copy.deepcopy(model), "int8")
+    assert fused_projections(model.decoder) is None
+    src, framed = inputs(d, (5, 9, 2), (0, 6, 3))
+    full, fast, cache, real = both_paths(model, src, framed)
+    assert cache.fused is None and cache.encoder_out is None
+    torch.testing.assert_close(fast[real], full[real], atol=1e-5, rtol=1e-5)
 
 
 def test_uncovered_layers_fall_back_to_fairseq(data):
