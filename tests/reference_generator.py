@@ -44,9 +44,9 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (or its constraints)
-        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1))
-
         init = self._initial_canvas(constraints, B, device)
+        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1), init[1].gt(0))
+
         len0 = init[1]  # (B,) constraint tokens per line
         max_len = torch.where(empty, len0, max_len)
         too_long = len0 > max_len  # (B,) constraints that do not fit: that line's output is empty
