@@ -68,7 +68,7 @@ install() {
     # fairseq-fixed from its sdist against this machine's torch, its C++ extensions compiled in parallel and
     # without debug information (--upgrade: its bin/ with the fairseq-* commands replaces the wheels' bin/)
     printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$WORK/build_ext.cfg"
-    DIST_EXTRA_CONFIG=$WORK/build_ext.cfg MAX_JOBS=$(nproc) CFLAGS=-g0 "${pip[@]}" install -q --no-index --no-deps \
+    MAX_JOBS=$(nproc) CFLAGS=-g0 "${pip[@]}" install -q --no-index --no-deps \
         --no-build-isolation --upgrade --target "$SITE" "$GPU_DIR"/whl/fairseq_fixed-*.tar.gz || return 1
     "$PY" -c "import fairseq, fairseq.libnat, fairseq.data.data_utils_fast, sacremoses, torch
 print('fairseq', fairseq.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())" || return 1

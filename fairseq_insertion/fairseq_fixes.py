@@ -89,7 +89,10 @@ def tolerate_invalid_utf8_stdin() -> None:
     holding it is then unknown, and the generator names its line."""
     stdin = sys.stdin
     if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
-        stdin.reconfigure(errors="replace")
+        try:
+            stdin.reconfigure(errors="replace")
+        except io.UnsupportedOperation:  # already read from (a process that decodes more than once): as it is
+            return
         logger.info("invalid UTF-8 bytes in standard input are read as U+FFFD (reported as unknown words)")
 
 

@@ -92,3 +92,21 @@ def test_dictionary_mismatch_is_named(trained, tmp_path):
     rows = len(Dictionary.load(str(trained / "bin" / "dict.src.txt")))  # the checkpoint's embedding table
     assert (f"the checkpoint: encoder.embed_tokens.weight has {rows} rows, but the source dictionary "
             f"{other / 'bin' / 'dict.src.txt'} gives") in proc.stderr
+
+
+def test_standard_input_read_before_the_generator_is_left_as_it_is(monkeypatch):
+    """A process that read standard input before building a generator (a second decode in one
+    process): the tolerant reading is skipped, not an error; an unread stream is made tolerant."""
+    import io
+
+    from fairseq_insertion.fairseq_fixes import tolerate_invalid_utf8_stdin
+
+    read = io.TextIOWrapper(io.BytesIO(b"a\nb\n"), encoding="utf-8")
+    read.readline()
+    monkeypatch.setattr("sys.stdin", read)
+    tolerate_invalid_utf8_stdin()
+    assert read.errors == "strict"
+    fresh = io.TextIOWrapper(io.BytesIO(b"a \xff\n"), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", fresh)
+    tolerate_invalid_utf8_stdin()
+    assert fresh.readline() == "a \ufffd\n"
