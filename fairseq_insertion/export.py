@@ -346,8 +346,11 @@ def quantize(out: Path) -> None:
     for name in (ENCODER, PASS):
         graph = onnx.load(str(out / name)).graph
         weights = {w.name for w in graph.initializer}
-        # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself stays fp32
-        nodes = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention") and n.input[1] in weights]
+        dims = {w.name: w.dims for w in graph.initializer}
+        # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
+        # one-column location query (quantizing its input would cost more than the product) stay fp32
+        nodes = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention") and n.input[1] in weights
+                 and min(dims[n.input[1]]) > 1]
         with tempfile.TemporaryDirectory() as tmp:
             q = Path(tmp) / name
             quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,

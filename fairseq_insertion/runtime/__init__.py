@@ -158,6 +158,7 @@ class Translator:
         providers = list(providers or ["CPUExecutionProvider"])
         self._encoder = ort.InferenceSession(str(self.model_dir / ENCODER), so, providers=providers)
         self._pass = ort.InferenceSession(str(self.model_dir / PASS), so, providers=providers)
+        self._penalty_cache: Dict[float, np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
         not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
@@ -276,7 +277,7 @@ class Translator:
         tok, lp, eos_lp, location = self._pass.run(None, {
             "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
             "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": np.full(len(open_slots), opts.eos_penalty, np.float32)})
+            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty)})
         if every:
             tokens, log_probs, eos_joint = tok.reshape(A, S), lp.reshape(A, S), eos_lp.reshape(A, S) + location
         else:
@@ -293,6 +294,14 @@ class Translator:
         else:  # every slot that chose end-of-slot
             final_eos = np.where(open_ & (tokens == self.eos), eos_joint, 0).sum(1, dtype=np.float32)
         return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos)
+
+    def _penalties(self, n: int, beta: float) -> np.ndarray:
+        """(n,) beta: one array per beta, grown as needed and sliced (no allocation per pass)."""
+        have = self._penalty_cache.get(beta)
+        if have is None or len(have) < n:
+            have = self._penalty_cache[beta] = np.full(max(n, 2 * len(have) if have is not None else 64), beta,
+                                                       np.float32)
+        return have[:n]
 
     def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
                 close_ended: bool) -> Tuple[Canvases, np.ndarray]:
