@@ -7,7 +7,8 @@ from it) and the raw Multi30k files::
     python -m benchmarks.constrained --out OUT --raw-dir RAW --teacher KIT/checkpoint.pt \\
         --data-bin KIT/data-bin --bpe-codes KIT/bpe.codes --insertion INS/checkpoint.pt [--quality-only]
 
-What it does, one step after the other (each step writes its file in OUT and is reused when there):
+What it does, one step after the other (each decode writes its file in OUT, reused by a later run into
+the same OUT when its command is the same):
 
 * the valid and test_2016_flickr sets, Moses-tokenised and BPE'd with ``--bpe-codes`` (checked token
   for token against the binarised test set of ``--data-bin``);
@@ -27,7 +28,7 @@ constraints found as whole words (``constraints.py usage``), decode seconds at b
 (fairseq-interactive's translation time, without start-up), the batch-1 time against the teacher's
 constrained beam 5, and how many outputs are the same at batch 1 and 128. ``--quality-only`` leaves the
 seconds out (for a machine that is busy with something else); a later run without it into the same OUT
-decodes the test set again and times it (the valid choices are reused).
+decodes the test set again and times it (the valid decodes are reused).
 
 Writes ``OUT/constrained.json`` and ``OUT/constrained.md``.
 """
@@ -72,8 +73,9 @@ class Setup:
     lang: str = "de"
     seed: int = 1
     max_n: int = 3
-    betas: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
-    candidate_sets: tuple[tuple[float, ...], ...] = ((1.0, 2.0, 3.0, 4.0, 5.0), (2.0, 3.0, 4.0, 5.0, 6.0))
+    betas: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0)
+    candidate_sets: tuple[tuple[float, ...], ...] = ((2.0, 3.0, 4.0), (1.0, 2.0, 3.0, 4.0, 5.0),
+                                                     (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0))
     lenpens: tuple[float, ...] = (1.0, 2.0)
     max_len: tuple[float, int] = (1.2, 10)  # the insertion model's length limit (the benchmark's)
     teacher_max_len: tuple[float, int] = (2.0, 50)  # fairseq's constrained beam search needs room
@@ -377,12 +379,15 @@ class Run:
             return None
 
     def test(self, system: System) -> None:
-        """``system`` at batch ``setup.batch`` and 1; a finished decode is reused unless this run is timed
-        and it was not."""
+        """``system`` at batch ``setup.batch`` and 1; a finished decode is reused when it ran the same
+        command, and, in a timed run, was timed."""
         for batch in (self.setup.batch, 1):
             path = self.setup.out / "decode" / system.name / f"test.batch{batch}.json"
-            if self.setup.timed and path.is_file() and not json.loads(path.read_text()).get("timed"):
-                path.unlink()
+            if path.is_file():
+                before = json.loads(path.read_text())
+                if (before.get("command") != shlex.join(command(self.setup, system, batch))
+                        or (self.setup.timed and not before.get("timed"))):
+                    path.unlink()
             self.step(f"{system.name}:{batch}", lambda b=batch: test_decode(self.setup, system, b), path)
 
     def all(self) -> int:
@@ -402,8 +407,7 @@ class Run:
                      for b in beams if b == CONSTRAINED_BEAM or b == probe.get("smallest_beam")]]
         systems, choices = list(teacher), {}
         for checkpoint in s.insertion:
-            chosen = self.step(f"valid:{model_name(checkpoint)}", lambda c=checkpoint: choose_on_valid(s, c),
-                               out / "valid" / model_name(checkpoint) / "choices.json")
+            chosen = self.step(f"valid:{model_name(checkpoint)}", lambda c=checkpoint: choose_on_valid(s, c))
             if chosen:
                 for system in insertion_systems(s, checkpoint, chosen):
                     systems.append(system)

@@ -45,12 +45,11 @@ def kit(tmp_path_factory):
 def test_constrained_benchmark_end_to_end(kit, tmp_path):
     root, teacher = kit
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.constrained", "--out", str(out), "--raw-dir", str(root / "raw"),
-         "--teacher", str(teacher), "--data-bin", str(root / "data" / "data-bin"),
-         "--bpe-codes", str(root / "data" / "bpe.codes"), "--insertion", str(root / "ins" / "checkpoint_last.pt"),
-         "--quality-only", "--betas", "1", "3", "--candidates", "0,2", "--lenpens", "1"],
-        capture_output=True, text=True, cwd=REPO)
+    cmd = [sys.executable, "-m", "benchmarks.constrained", "--out", str(out), "--raw-dir", str(root / "raw"),
+           "--teacher", str(teacher), "--data-bin", str(root / "data" / "data-bin"),
+           "--bpe-codes", str(root / "data" / "bpe.codes"), "--insertion", str(root / "ins" / "checkpoint_last.pt"),
+           "--quality-only", "--betas", "1", "3", "--candidates", "0,2", "--lenpens", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "constrained.json").read_text())
     assert results["failed"] == {} and results["timed"] is False
@@ -77,3 +76,10 @@ def test_constrained_benchmark_end_to_end(kit, tmp_path):
     assert results["targets"][0]["met"] is True
     table = (out / "constrained.md").read_text()
     assert all(f"| {n} |" in table for n in rows) and "Not timed" in table
+    # a second run into the same OUT reuses every decode whose command is the same, and redoes the others
+    again = subprocess.run([*cmd[:-4], "--candidates", "0,3", "--lenpens", "1"], capture_output=True, text=True,
+                           cwd=REPO)
+    assert again.returncode == 0, again.stderr[-3000:]
+    decoded = [line for line in again.stderr.splitlines() if line.startswith("+ ")]
+    assert decoded and all("--eos-penalties 0,3" in line for line in decoded), decoded
+    assert len(decoded) == 2 + 2 * 2  # valid with and without constraints; two rows at batch 128 and 1
