@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from examples.commands import REPETITION_RULES, RecipeError, interactive_command, run
+from examples.commands import REPETITION_RULES, REPO, RecipeError, fairseq_cli, interactive_command, run
 from examples.generate_output import GenerateOutput, read_generate_output, read_reference, score
 from examples.multi30k.constraints import draw, usage, write_constraints
 from examples.multi30k.prepare import apply_bpe, find_raw_file, read_lines, tokenize, write_lines
@@ -418,11 +418,31 @@ class Run:
         return self.write(1 if self.results["failed"] else 0)
 
     def write(self, code: int) -> int:
+        """``constrained.json`` and ``constrained.md``, this machine's paths written as placeholders."""
         add_targets(self.results)
-        (self.setup.out / "constrained.json").write_text(json.dumps(self.results, indent=2) + "\n")
-        (self.setup.out / "constrained.md").write_text(markdown(self.results))
-        print(markdown(self.results))
+        text, table = json.dumps(self.results, indent=2) + "\n", markdown(self.results)
+        names = placeholders(self.setup)
+        for path in sorted(names, key=len, reverse=True):
+            text, table = text.replace(path, names[path]), table.replace(path, names[path])
+        (self.setup.out / "constrained.json").write_text(text)
+        (self.setup.out / "constrained.md").write_text(table)
+        print(table)
         return code
+
+
+def placeholders(setup: Setup) -> dict[str, str]:
+    """This run's paths and their names in its results: REPO, OUT, RAW, KIT (the teacher's directory),
+    MODELS (the directory of the kits, when the insertion models sit beside the teacher's; else INS1, INS2,
+    ... for their directories), PYTHON and FAIRSEQ (where the fairseq-* commands are)."""
+    names = {REPO: "REPO", setup.out: "OUT", setup.raw_dir: "RAW", setup.teacher.parent: "KIT",
+             Path(sys.executable): "PYTHON"}
+    for i, checkpoint in enumerate(setup.insertion, 1):
+        beside = checkpoint.parent.parent == setup.teacher.parent.parent
+        names[checkpoint.parent.parent if beside else checkpoint.parent] = "MODELS" if beside else f"INS{i}"
+    cli = fairseq_cli("interactive")
+    if len(cli) == 1:  # a fairseq-interactive script, not python -m fairseq_cli.interactive
+        names[Path(cli[0]).parent] = "FAIRSEQ"
+    return {str(path): name for path, name in names.items() if str(path) not in ("/", ".")}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from examples.multi30k.prepare import prepare
+from tests.test_repo_hygiene import machine_paths
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, run, train_args
 
@@ -76,6 +77,8 @@ def test_constrained_benchmark_end_to_end(kit, tmp_path):
     assert results["targets"][0]["met"] is True
     table = (out / "constrained.md").read_text()
     assert all(f"| {n} |" in table for n in rows) and "Not timed" in table
+    text = (out / "constrained.json").read_text()  # this machine's paths as placeholders
+    assert list(machine_paths(text)) == [] and "--out OUT" in text and "MODELS/ins/checkpoint_last.pt" in text
     # a second run into the same OUT reuses every decode whose command is the same, and redoes the others
     again = subprocess.run([*cmd[:-4], "--candidates", "0,3", "--lenpens", "1"], capture_output=True, text=True,
                            cwd=REPO)
