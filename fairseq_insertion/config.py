@@ -12,6 +12,7 @@ This module imports the standard library only, so that the runtime can use it wi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -52,6 +53,11 @@ class DecodingError(ValueError):
         """The message as a command line says it: the flags without their hub keywords
         (``--max-len-b must be ...`` for ``--max-len-b (max_len_b=) must be ...``)."""
         return re.sub(r"(--[\w-]+) \(\w+=\)", r"\1", str(self))
+
+    def keyed(self, prefix: str = "") -> str:
+        """The message as a settings file says it: each option by its field name after ``prefix``
+        (``decoding.max_len_b must be ...`` for ``--max-len-b (max_len_b=) must be ...``)."""
+        return re.sub(r"--[\w-]+ \((\w+)=\)", lambda m: prefix + m.group(1), str(self))
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,18 @@ class DecodingConfig:
             rerank_with=get("rerank_with") or None,
             rerank_weight=get("rerank_weight", d.rerank_weight),
         )
+
+
+def add_runtime_arguments(group: Any) -> None:
+    """The single-decode options (``RUNTIME_OPTIONS``) as command-line flags on an argparse parser or
+    group, each defaulting to None (not given); every on/off option also has its ``--no-`` form."""
+    defaults = DecodingConfig()
+    for name in RUNTIME_OPTIONS:
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            group.add_argument(FLAGS[name], dest=name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            group.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
 
 
 def parse_betas(value: Any) -> Tuple[float, ...]:

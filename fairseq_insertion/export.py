@@ -13,8 +13,12 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
-* ``settings.json``: the model's ids and sizes and the decoding's options
-  (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here).
+* ``settings.json``: the model's ids and sizes, the decoding's options
+  (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here) and the size and
+  sha256 of every other file, which the runtime checks when it loads them.
+
+Each graph's metadata holds its vocabulary size (``vocab_size``: the source's in the encoder, the
+target's in the pass), which the runtime checks against the vocabulary files.
 
 Batch, source length, canvas length and the number of open slots are dynamic axes. ``--int8``
 quantizes the graphs' weights with onnxruntime's dynamic quantization (int8 weights, activations
@@ -41,16 +45,14 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from .config import FLAGS, RUNTIME_OPTIONS, DecodingConfig, DecodingError
+from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
 from .fast_decoder import cacheable
+from .runtime.files import ENCODER, FORMAT_VERSION, PASS, SETTINGS, VOCABS, file_digests
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 OPSET = 17
 IR_VERSION = 8  # the oldest that opset 17 allows: readable by every onnxruntime since 1.13
-ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
-VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 
 
 class ExportError(ValueError):
@@ -89,12 +91,13 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
 
-    def model(self, inputs: list, outputs: list) -> "onnx.ModelProto":
+    def model(self, inputs: list, outputs: list, vocab_size: int) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                         helper.make_opsetid("com.microsoft", 1)],
                                   producer_name="fairseq_insertion.export")
         model.ir_version = IR_VERSION
+        helper.set_model_props(model, {"vocab_size": str(vocab_size)})  # kept by quantize_dynamic
         onnx.checker.check_model(model)
         return model
 
@@ -220,7 +223,8 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
     g.output("Transpose", "values", g.op("Gather", kv, index[1], axis=3), perm=[2, 0, 3, 1, 4])
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
                    [_io("keys", TensorProto.FLOAT, [L, "batch", H, "source", d]),
-                    _io("values", TensorProto.FLOAT, [L, "batch", H, "source", d])])
+                    _io("values", TensorProto.FLOAT, [L, "batch", H, "source", d])],
+                   vocab_size=enc.embed_tokens.num_embeddings)
 
 
 def pass_graph(model: nn.Module) -> "onnx.ModelProto":
@@ -290,7 +294,8 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
          _io("blocked", TensorProto.INT64, ["open", "blocked"]),
          _io("eos_penalty", TensorProto.FLOAT, ["open"])],
         [_io("tokens", TensorProto.INT64, ["open"]), _io("log_probs", TensorProto.FLOAT, ["open"]),
-         _io("eos_log_probs", TensorProto.FLOAT, ["open"]), _io("location", TensorProto.FLOAT, ["rows", "slots"])])
+         _io("eos_log_probs", TensorProto.FLOAT, ["open"]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
+        vocab_size=V)
 
 
 def check_exportable(model: nn.Module) -> None:
@@ -392,7 +397,8 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
         quantize(out)
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
-    (out / SETTINGS).write_text(json.dumps(settings(model, src_dict, tgt_dict, config, int8), indent=2) + "\n")
+    values = {**settings(model, src_dict, tgt_dict, config, int8), "files": file_digests(out)}
+    (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -403,14 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--int8", action="store_true", help="int8 weights (onnxruntime dynamic quantization)")
-    g = p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)")
-    d = DecodingConfig()
-    for name in RUNTIME_OPTIONS:
-        default = getattr(d, name)
-        if isinstance(default, bool):
-            g.add_argument(FLAGS[name], dest=name, action="store_true", default=None)
-        else:
-            g.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
+    add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
     return p
 
 

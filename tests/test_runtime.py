@@ -19,7 +19,7 @@ from fairseq_insertion import canvas as TC
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
-from fairseq_insertion.runtime import Options, Translator
+from fairseq_insertion.runtime import Options, Translator, TranslatorError
 from fairseq_insertion.runtime import canvas as RC
 from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 
@@ -113,7 +113,7 @@ def test_options_default_to_the_export_and_are_checked(trained):
         translator.options(max_len_b=-5)
     with pytest.raises(TypeError, match="rerank_with"):
         translator.options(rerank_with="x.pt")
-    with pytest.raises(TypeError, match="token lists"):
+    with pytest.raises(TranslatorError, match=r"source\[0\]: expected a list of str tokens"):
         translator.translate_batch(["w1 w2"])
 
 

@@ -17,12 +17,15 @@ length limit or after the iteration bound. Its options are the fields of
 ``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``), their defaults those the model was
 exported with.
 
+An export is checked when it is loaded (:mod:`fairseq_insertion.runtime.files`), and the
+arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
+:class:`TranslatorError` naming the file and key, or the argument.
+
 This package imports numpy and onnxruntime only: no torch and no fairseq run here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,18 +35,12 @@ import numpy as np
 
 from ..config import RUNTIME_OPTIONS, DecodingConfig
 from . import canvas as C
+from . import files as F
+from .files import TranslatorError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RUNTIME_OPTIONS", "TranslatorError", "TranslationResult", "Translator"]
-
-FORMAT_VERSION = 1
-ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
-VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
-
-
-class TranslatorError(ValueError):
-    """An exported directory or an option the runtime cannot take; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -131,33 +128,31 @@ class Translator:
                  providers: Optional[Sequence[str]] = None):
         import onnxruntime as ort
 
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = _count(intra_threads, "intra_threads", 0)
+        so.inter_op_num_threads = _count(inter_threads, "inter_threads", 0)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = _providers(providers, ort.get_available_providers())
         self.model_dir = Path(model_dir)
-        missing = [n for n in (ENCODER, PASS, SETTINGS, *VOCABS.values()) if not (self.model_dir / n).is_file()]
-        if missing:
-            raise TranslatorError(f"{self.model_dir}: not an exported insertion model (missing {', '.join(missing)}; "
-                                "python -m fairseq_insertion.export writes them)")
-        self.settings = json.loads((self.model_dir / SETTINGS).read_text(encoding="utf-8"))
-        if self.settings.get("format_version") != FORMAT_VERSION:
-            raise TranslatorError(f"{self.model_dir / SETTINGS}: format version {self.settings.get('format_version')}"
-                                f", this runtime reads {FORMAT_VERSION}: export the model again")
-        m = self.settings["model"]
+        F.check_present(self.model_dir)
+        self.settings = F.read_settings(self.model_dir)
+        F.check_digests(self.model_dir, self.settings)
+        self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
+        self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
+        settings_path = self.model_dir / F.SETTINGS
+        m = F.check_model(self.settings, settings_path, len(self.source_symbols), len(self.target_symbols))
+        self.defaults = F.check_decoding(self.settings, settings_path)
         self.bos, self.eos, self.pad, self.unk = m["bos"], m["eos"], m["pad"], m["unk"]
         self.src_eos, self.src_pad, self.src_unk = m["source"]["eos"], m["source"]["pad"], m["source"]["unk"]
         self.termination = m["termination"]
         self.max_source_positions, self.max_target_positions = m["max_source_positions"], m["max_target_positions"]
-        self.defaults = self.settings["decoding"]
-        self.source_symbols = _read_vocab(self.model_dir / VOCABS["source"])
-        self.target_symbols = _read_vocab(self.model_dir / VOCABS["target"])
         self.source_index: Dict[str, int] = {}
         for i, s in enumerate(self.source_symbols):
             self.source_index.setdefault(s, i)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = int(intra_threads)
-        so.inter_op_num_threads = int(inter_threads)
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        providers = list(providers or ["CPUExecutionProvider"])
-        self._encoder = ort.InferenceSession(str(self.model_dir / ENCODER), so, providers=providers)
-        self._pass = ort.InferenceSession(str(self.model_dir / PASS), so, providers=providers)
+        self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers)
+        self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
+        F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
+                       (len(self.source_symbols), len(self.target_symbols)))
         self._penalty_cache: Dict[float, np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
@@ -169,7 +164,11 @@ class Translator:
         """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
         :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
         sentences decoded together (0: all; sentences of similar length go together).
-        options: decoding options (see the module), the export's values by default."""
+        options: decoding options (see the module), the export's values by default. A source that
+        is not a list of lists of tokens (non-empty strings without whitespace) or a max_batch_size
+        that is not an integer >= 0 is refused with a TranslatorError naming it."""
+        _check_source(source)
+        max_batch_size = _count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
         ids = [self.encode(tokens) for tokens in source]
         return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts)]
@@ -369,8 +368,58 @@ def _one_hot(index: np.ndarray, width: int) -> np.ndarray:
     return np.arange(width)[None, :] == index[:, None]
 
 
-def _read_vocab(path: Path) -> List[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
+def _count(value: Any, name: str, minimum: int) -> int:
+    """An integer argument >= minimum (not a bool, a float or a string)."""
+    if (type(value) is not int and not isinstance(value, np.integer)) or value < minimum:
+        raise TranslatorError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> List[str]:
+    """onnxruntime's execution providers to use (default: CPU), each one this onnxruntime has."""
+    if providers is None:
+        return ["CPUExecutionProvider"]
+    if isinstance(providers, str) or not isinstance(providers, (list, tuple)) or not providers:
+        raise TranslatorError(f"providers: expected a non-empty list of provider names, got {providers!r}")
+    unknown = [p for p in providers if p not in available]
+    if unknown:
+        raise TranslatorError(f"providers: {unknown} not available; this onnxruntime has {list(available)}")
+    return list(providers)
+
+
+def _session(ort: Any, path: Path, options: Any, providers: List[str]) -> Any:
+    """An onnxruntime session of one graph; a file onnxruntime cannot load is named."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class but Exception
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TranslatorError(f"{path}: onnxruntime cannot load it ({reason}): export again") from None
+
+
+def _check_source(source: Any) -> None:
+    """translate_batch's source: a list (or tuple) of token lists of non-empty str without whitespace."""
+    if not isinstance(source, (list, tuple)):
+        raise TranslatorError(f"source: expected a list of token lists, got {type(source).__name__}")
+    for i, tokens in enumerate(source):
+        if isinstance(tokens, str):
+            raise TranslatorError(f"source[{i}]: expected a list of str tokens, got a str {tokens[:40]!r} "
+                                  "(split it into the model's pieces first)")
+        if not isinstance(tokens, (list, tuple)):
+            raise TranslatorError(f"source[{i}]: expected a list of str tokens, got {type(tokens).__name__}")
+        for j, token in enumerate(tokens):
+            problem = _token_problem(token)
+            if problem:
+                raise TranslatorError(f"source[{i}][{j}]: {problem}")
+
+
+def _token_problem(token: Any) -> str:
+    if not isinstance(token, str):
+        return f"expected a str token, got {type(token).__name__}"
+    if not token:
+        return "an empty token"
+    if token.split() != [token]:
+        return f"a token with whitespace {token[:40]!r} (one subword piece per token)"
+    return ""
 
 
 def _check(values: Dict[str, Any]) -> Options:

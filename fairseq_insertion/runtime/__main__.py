@@ -81,11 +81,18 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line: ``PROG translate: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("translate", help="translate lines with an exported model")
+    t = p.translate_parser = sub.add_parser("translate", help="translate lines with an exported model")
     t.add_argument("model_dir", help="the directory python -m fairseq_insertion.export wrote")
     t.add_argument("--input", default="-", help="input file (default: standard input)")
     t.add_argument("--batch-size", type=int, default=32, help="sentences decoded together (default 32)")
@@ -111,6 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
+    parser = parser.translate_parser
     if args.tokenizer == "moses" and not args.bpe_codes:
         parser.error("--tokenizer moses needs --bpe-codes")
     if args.batch_size < 1:

@@ -1,0 +1,225 @@
+"""An exported model's directory, checked before anything runs on it.
+
+``python -m fairseq_insertion.export`` writes the files named here; :class:`~fairseq_insertion.runtime.Translator`
+loads them through this module, which refuses, naming the file and (in ``settings.json``) the key:
+a missing or empty file; a file whose size or sha256 differs from the one ``settings.json``
+records (exports written before the export recorded them have no such record and are not
+checked this way); ``settings.json`` that is not JSON, lacks a key, has a key of the wrong type or
+out of its range, or an unknown key under ``decoding``; a vocabulary file that is not UTF-8 or is
+cut short; a graph onnxruntime cannot load, whose inputs and outputs are not the export's, or whose
+vocabulary size (the graph's metadata) or decoder layers differ from the vocabulary files' and
+settings'. Standard library only (the graphs are read by the caller's onnxruntime sessions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
+
+FORMAT_VERSION = 1
+ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
+VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
+CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
+TERMINATIONS = ("slot", "sequence")
+PRECISIONS = ("fp32", "int8")
+SPECIAL_IDS = ("bos", "eos", "pad", "unk")
+GRAPH_IO = {  # the inputs and outputs of each graph, as the export names them
+    ENCODER: (("src_tokens",), ("keys", "values")),
+    PASS: (("framed", "keys", "values", "src_padding", "open_slots", "blocked", "eos_penalty"),
+           ("tokens", "log_probs", "eos_log_probs", "location")),
+}
+JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+class TranslatorError(ValueError):
+    """An exported directory, an input or an option the runtime cannot take; the message names it."""
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digests(model_dir: Path) -> Dict[str, Dict[str, Any]]:
+    """The size in bytes and the sha256 of every file settings.json records (``files``)."""
+    return {name: {"bytes": (model_dir / name).stat().st_size, "sha256": sha256(model_dir / name)}
+            for name in CHECKED}
+
+
+# ---------------------------------------------------------------- files
+def check_present(model_dir: Path) -> None:
+    """Every file of an export is there and not empty."""
+    missing = [n for n in (ENCODER, PASS, SETTINGS, *VOCABS.values()) if not (model_dir / n).is_file()]
+    if missing:
+        raise TranslatorError(f"{model_dir}: not an exported insertion model (missing {', '.join(missing)}; "
+                              "python -m fairseq_insertion.export writes them)")
+    for name in (SETTINGS, *CHECKED):
+        if (model_dir / name).stat().st_size == 0:
+            raise TranslatorError(f"{model_dir / name}: empty (a failed or interrupted export: export again)")
+
+
+def read_settings(model_dir: Path) -> Dict[str, Any]:
+    """settings.json, a JSON object of the format this runtime reads."""
+    path = model_dir / SETTINGS
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise TranslatorError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise TranslatorError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise TranslatorError(f"{path}: a JSON object expected, got {type(values).__name__}")
+    version = values.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise TranslatorError(f"{path}: format version {version!r}, this runtime reads {FORMAT_VERSION}: "
+                              "export the model again")
+    return values
+
+
+def check_digests(model_dir: Path, settings: Mapping[str, Any]) -> None:
+    """Each file's size and sha256 against ``files`` in settings.json (when the export recorded them)."""
+    files = settings.get("files")
+    if files is None:
+        return
+    where = Where(model_dir / SETTINGS)
+    where.expect(isinstance(files, dict), "files", "must be an object")
+    where.expect(set(files) == set(CHECKED), "files", f"must name {list(CHECKED)}, got {sorted(files)}")
+    for name in CHECKED:
+        record = files[name]
+        where.expect(isinstance(record, dict), f"files.{name}", "must be an object")
+        size, digest = record.get("bytes"), record.get("sha256")
+        where.expect(type(size) is int and size > 0, f"files.{name}.bytes", f"must be a positive integer, got {size!r}")
+        where.expect(isinstance(digest, str), f"files.{name}.sha256", f"must be a string, got {digest!r}")
+        have = (model_dir / name).stat().st_size
+        if have != size:
+            raise TranslatorError(f"{model_dir / name}: {have} bytes, the export wrote {size} (truncated or "
+                                  "replaced: export again)")
+        if sha256(model_dir / name) != digest:
+            raise TranslatorError(f"{model_dir / name}: its sha256 differs from the export's (changed or "
+                                  "corrupt: export again)")
+
+
+def read_vocab(path: Path) -> List[str]:
+    """One symbol per line, line i = id i; the file ends with a line end."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TranslatorError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if not text.endswith("\n"):
+        raise TranslatorError(f"{path}: its last line has no line end (cut short: export again)")
+    return text.split("\n")[:-1]
+
+
+# ---------------------------------------------------------------- settings.json
+class Where:
+    """Errors about the keys of one JSON file: ``PATH: KEY must be ...``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, key: str, text: str) -> TranslatorError:
+        return TranslatorError(f"{self.path}: {key} {text}")
+
+    def expect(self, ok: bool, key: str, text: str) -> None:
+        if not ok:
+            raise self.fail(key, text)
+
+    def get(self, values: Mapping[str, Any], key: str, prefix: str = "") -> Any:
+        if key not in values:
+            raise self.fail(prefix + key, "is missing")
+        return values[key]
+
+    def integer(self, values: Mapping[str, Any], key: str, prefix: str = "", minimum: int = 0,
+                below: int | None = None) -> int:
+        value = self.get(values, key, prefix)
+        ok = type(value) is int and value >= minimum and (below is None or value < below)
+        bound = f"in [{minimum}, {below})" if below is not None else f">= {minimum}"
+        self.expect(ok, prefix + key, f"must be an integer {bound}, got {value!r}")
+        return value
+
+    def choice(self, values: Mapping[str, Any], key: str, choices: Sequence[str], prefix: str = "") -> str:
+        value = self.get(values, key, prefix)
+        self.expect(isinstance(value, str) and value in choices, prefix + key,
+                    f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def section(self, values: Mapping[str, Any], key: str, prefix: str = "") -> Dict[str, Any]:
+        value = self.get(values, key, prefix)
+        self.expect(isinstance(value, dict), prefix + key, f"must be an object, got {type(value).__name__}")
+        return value
+
+
+def check_model(settings: Mapping[str, Any], path: Path, source_size: int, target_size: int) -> Dict[str, Any]:
+    """``model``'s keys: ids within their vocabulary, positive sizes, the known termination and precision."""
+    where = Where(path)
+    model = where.section(settings, "model")
+    checked = {key: where.integer(model, key, "model.", below=target_size) for key in SPECIAL_IDS}
+    source = where.section(model, "source", "model.")
+    checked["source"] = {key: where.integer(source, key, "model.source.", below=source_size) for key in SPECIAL_IDS}
+    for key in ("max_source_positions", "max_target_positions", "decoder_layers"):
+        checked[key] = where.integer(model, key, "model.", minimum=1)
+    checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
+    checked["precision"] = where.choice(model, "precision", PRECISIONS, "model.")
+    return checked
+
+
+def check_decoding(settings: Mapping[str, Any], path: Path) -> Dict[str, Any]:
+    """``decoding``: the export's decoding options, each of its field's JSON type and checked by
+    DecodingConfig; an unknown key is refused and a missing one takes DecodingConfig's default."""
+    where = Where(path)
+    values = where.section(settings, "decoding")
+    unknown = sorted(set(values) - set(RUNTIME_OPTIONS))
+    where.expect(not unknown, "decoding", f"has unknown key(s) {unknown}; its keys are {list(RUNTIME_OPTIONS)}")
+    defaults = DecodingConfig()
+    for key, value in values.items():
+        kind = type(getattr(defaults, key))
+        where.expect(_json_type(value, kind), f"decoding.{key}", f"must be {JSON_TYPES[kind]}, got {value!r}")
+    try:
+        config = DecodingConfig(**values)
+    except DecodingError as exc:
+        raise TranslatorError(f"{path}: {exc.keyed('decoding.')}") from None
+    return {key: getattr(config, key) for key in RUNTIME_OPTIONS}
+
+
+def _json_type(value: Any, kind: type) -> bool:
+    """A JSON value of a DecodingConfig field's type (an integer is a number; true is not an integer)."""
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind
+
+
+# ---------------------------------------------------------------- the graphs
+def check_graph_io(path: Path, session: Any) -> None:
+    """The graph's input and output names are the export's."""
+    inputs, outputs = GRAPH_IO[path.name]
+    have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
+    if have != (inputs, outputs):
+        raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
+                              f"{path.name} has {list(inputs)} and {list(outputs)}")
+
+
+def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int]) -> None:
+    """Both graphs against each other, settings.json's decoder layers and the vocabulary files."""
+    check_graph_io(model_dir / ENCODER, encoder)
+    check_graph_io(model_dir / PASS, decoder_pass)
+    keys = encoder.get_outputs()[0].shape  # (L, batch, heads, source, head dim)
+    if keys[0] != layers:
+        raise TranslatorError(f"{model_dir / ENCODER}: keys for {keys[0]} decoder layers, {model_dir / SETTINGS} "
+                              f"says model.decoder_layers {layers}")
+    for node in decoder_pass.get_inputs()[1:3]:
+        if [node.shape[i] for i in (0, 2, 4)] != [keys[i] for i in (0, 2, 4)]:
+            raise TranslatorError(f"{model_dir / PASS}: takes {node.name} of shape {node.shape}, "
+                                  f"{model_dir / ENCODER} gives {keys}: the graphs come from different models")
+    for (side, name), session, size in zip(VOCABS.items(), (encoder, decoder_pass), vocab_sizes):
+        recorded = session.get_modelmeta().custom_metadata_map.get("vocab_size")
+        if recorded is not None and recorded != str(size):
+            graph = ENCODER if side == "source" else PASS
+            raise TranslatorError(f"{model_dir / graph}: a {side} vocabulary of {recorded} symbols, "
+                                  f"{model_dir / name} has {size}: the files come from different exports")
