@@ -42,6 +42,7 @@ class GenerateOutput:
     sources: dict[int, str] = field(default_factory=dict)
     targets: dict[int, str] = field(default_factory=dict)
     hypotheses: dict[int, str] = field(default_factory=dict)  # H- text as printed
+    candidates: dict[int, list[str]] = field(default_factory=dict)  # every H- text (--nbest), best first
     scores: dict[int, float] = field(default_factory=dict)  # H- score
     detokenized: dict[int, str] = field(default_factory=dict)  # D- text
     positional_scores: dict[int, int] = field(default_factory=dict)  # number of P- scores
@@ -68,6 +69,8 @@ def parse_generate_output(text: str, where: str = "output") -> GenerateOutput:
         if kind in "HD":
             score, _, words = rest.partition("\t")  # score \t text (the text may be empty)
             table = out.hypotheses if kind == "H" else out.detokenized
+            if kind == "H":
+                out.candidates.setdefault(sid, []).append(words)
             if sid not in table:
                 table[sid] = words
                 if kind == "H":

@@ -12,10 +12,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sacrebleu.metrics import BLEU
+
 from fairseq_insertion.canvas import log2_bound
 
 from .commands import FAIRSEQ_NAT, RecipeError, generate_command, preprocess_command, run
-from .generate_output import ScoreError, read_generate_output, score
+from .generate_output import ScoreError, read_generate_output, remove_bpe, score
 
 
 def language_pair(data_bin: Path, source_lang: str | None = None, target_lang: str | None = None) -> tuple[str, str]:
@@ -77,25 +79,46 @@ def training_losses(log: Path) -> dict:
             **({"min_loss_scale": min(scales)} if scales else {})}
 
 
+DISTILL_SELECT = ("top", "closest")
+
+
+def closest_candidates(candidates: dict[int, list[str]], references: dict[int, str]) -> dict[int, str]:
+    """Sequence-level interpolation (Kim and Rush, 2016): per sentence, the candidate (best first) with the
+    highest sentence BLEU against the reference, on the text with BPE removed; ties go to the earlier one."""
+    bleu = BLEU(effective_order=True)
+
+    def closeness(hyp: str, ref: str) -> float:
+        return bleu.sentence_score(remove_bpe(hyp), [remove_bpe(ref)]).score
+
+    return {i: max(c, key=lambda h, r=references[i]: closeness(h, r)) for i, c in candidates.items()}
+
+
 def distill(data_bin: Path, teacher: Path, out: Path, device: str = "cpu", beam: int = 5, max_tokens: int = 8192,
-            max_len_a: float = 1.2, max_len_b: int = 10, pair: tuple[str, str] | None = None) -> dict:
+            max_len_a: float = 1.2, max_len_b: int = 10, pair: tuple[str, str] | None = None,
+            select: str = "top") -> dict:
     """Sequence-level knowledge distillation: the teacher's beam-``beam`` translations replace the
     training targets (a sentence the teacher skips as too long is left out); valid and test keep
-    their references. Writes the data-bin ``out`` (same dictionaries) and its work files beside it."""
+    their references. ``select``: ``top``, the teacher's best candidate, or ``closest``, of its
+    ``beam`` candidates the one nearest the reference (:func:`closest_candidates`). Writes the data-bin
+    ``out`` (same dictionaries) and its work files beside it."""
+    if select not in DISTILL_SELECT:
+        raise RecipeError(f"select must be one of {DISTILL_SELECT}, got {select!r}")
     src, tgt = pair or language_pair(data_bin)
     work = out.parent / (out.name + ".work")
     gen_out = work / "train.generate"
+    nbest = ["--nbest", str(beam)] if select == "closest" else []
     cmd = generate_command(data_bin, teacher, "transformer", subset="train", batch_size=None, device=device,
                            max_len_a=max_len_a, max_len_b=max_len_b, post_process=None, beam=beam,
                            extra=["--max-tokens", max_tokens, "--skip-invalid-size-inputs-valid-test",
-                                  "--source-lang", src, "--target-lang", tgt])
+                                  "--source-lang", src, "--target-lang", tgt, *nbest])
     wall = run(cmd, work / "train.generate.log", stdout=gen_out)
-    gen = read_generate_output(gen_out)  # S- and H- lines keep the BPE: no --post-process
+    gen = read_generate_output(gen_out)  # S-, T- and H- lines keep the BPE: no --post-process
     ids = sorted(gen.hypotheses)
     if not ids:
         raise RecipeError(f"the teacher translated no training sentence; see {gen_out}")
+    targets = closest_candidates(gen.candidates, gen.targets) if select == "closest" else gen.hypotheses
     (work / f"train.{src}").write_text("".join(gen.sources[i] + "\n" for i in ids), encoding="utf-8")
-    (work / f"train.{tgt}").write_text("".join(gen.hypotheses[i] + "\n" for i in ids), encoding="utf-8")
+    (work / f"train.{tgt}").write_text("".join(targets[i] + "\n" for i in ids), encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
     pre = preprocess_command(out, src, tgt, trainpref=work / "train", srcdict=data_bin / f"dict.{src}.txt",
@@ -106,8 +129,9 @@ def distill(data_bin: Path, teacher: Path, out: Path, device: str = "cpu", beam:
     skipped = dataset_size(data_bin, "train", (src, tgt)) - len(ids)
     if skipped:
         print(f"distill: {skipped} training sentences left out (the teacher skipped them)", file=sys.stderr)
+    changed = sum(targets[i] != gen.hypotheses[i] for i in ids)
     return {"command": shlex.join(cmd), "preprocess": shlex.join(pre), "decode_seconds": wall,
-            "sentences": len(ids), "skipped": skipped}
+            "sentences": len(ids), "skipped": skipped, "select": select, "not_the_top_candidate": changed}
 
 
 def dataset_size(data_bin: Path, subset: str, pair: tuple[str, str]) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from examples.commands import Size, interactive_command, run
 from examples.generate_output import read_generate_output, read_reference, remove_bpe, score
+from examples.steps import closest_candidates
 from fairseq_insertion.canvas import log2_bound
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, reverse_data
@@ -62,6 +63,12 @@ def test_warm_start_writes_every_system(kit, warm_start):
     src, tgt = (work / "train.src").read_text().splitlines(), (work / "train.tgt").read_text().splitlines()
     assert len(src) == len(tgt) == res["distillation"]["sentences"] == 200 - res["distillation"]["skipped"]
     assert set(src) <= set((root / "raw" / "train.src").read_text().splitlines())
+    # each target is one of the teacher's five candidates for its source, the one nearest the reference
+    gen = read_generate_output(work / "train.generate")
+    assert res["distillation"]["select"] == "closest" and "--nbest 5" in res["distillation"]["command"]
+    assert all(len(c) == 5 for c in gen.candidates.values())
+    assert tgt == [closest_candidates(gen.candidates, gen.targets)[i] for i in sorted(gen.hypotheses)]
+    assert 0 < res["distillation"]["not_the_top_candidate"] < len(tgt)
     assert all((out / "distilled" / f"{split}.src-tgt.tgt.bin").is_file() for split in ("train", "valid", "test"))
     assert set(res["systems"]) == {"ar_greedy", "ar_beam5", "insertion_warm_distilled_parallel",
                                    "insertion_warm_distilled_parallel_candidates",
