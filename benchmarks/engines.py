@@ -5,7 +5,7 @@ From the repository root, with the teacher kit, an insertion model warm-started 
 Multi30k files::
 
     python -m benchmarks.engines --kit KIT --insertion INS/checkpoint.pt --raw-dir DATA --out OUT \\
-        [--eos-penalty 3] [--threads 1 2] [--batches 1 8 128] [--sentences N]
+        [--eos-penalty 3] [--threads 1 2] [--batches 1 8 128] [--rounds 3] [--sentences N]
     python -m benchmarks.engines --out OUT --render      # the table again from OUT/engines.json
     python -m benchmarks.engines --render benchmarks/results/engines_cpu_d256.json   # its .md beside it
 
@@ -23,7 +23,10 @@ as subword pieces with the dictionary, through its own Python API (no fairseq-ge
 The sentences are sorted by source length (longest first) and cut into batches of 1, 8 and 128
 (``--batches``); every engine decodes the same batches in the same order, each at every thread count
 of ``--threads`` (CTranslate2's and onnxruntime's intra-op threads, ``torch.set_num_threads``), after
-one untimed warm-up batch. Per engine, precision, decoding, threads and batch: the seconds for all
+one untimed warm-up batch. The engines take turns, batch size by batch size, for ``--rounds`` rounds
+(A, B, C, A, B, C ...): a row's seconds are the median of its rounds, every round's seconds are kept,
+and each speed ratio has the ratios of the single rounds beside it (its spread: a machine whose speed
+drifts moves every engine of a round alike). Per engine, precision, decoding, threads and batch: the seconds for all
 sentences (input tokens to output tokens), detokenised BLEU (``@@ `` removed, Moses-detokenised,
 sacreBLEU against the raw references), the batched decoder passes (the runtime's and the generator's
 counts; for the teacher, the longest output of each batch + 1), passes per sentence and ms per pass.
@@ -44,6 +47,7 @@ import datetime
 import gc
 import json
 import shlex
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -105,6 +109,7 @@ class Setup:
     engines: tuple[str, ...] = tuple(ENGINES)
     split: str = "test"
     max_len: tuple[float, int] = (1.2, 10)
+    rounds: int = 3  # timed rounds per engine and batch, the engines taking turns
     placeholders: dict[str, str] = field(default_factory=dict)  # path -> its name in the JSON
 
     def decoding(self, decoding: str) -> dict:
@@ -409,26 +414,47 @@ def row_name(key: str, threads: int, batch: int) -> str:
 
 def run_all(setup: Setup, engines: dict[str, Engine], sources: list[list[str]], references: list[str],
             results: dict) -> dict[str, list[str]]:
-    """Every engine at every thread count and batch: the rows of ``results``; the hypotheses by row."""
+    """Every engine at every thread count and batch: the rows of ``results``; the hypotheses by row. The
+    engines take turns (A, B, A, B ...) for ``setup.rounds`` rounds per batch; a row's seconds are the
+    median of its rounds, and each round's seconds are kept, so that every ratio has a spread."""
     hyps: dict[str, list[str]] = {}
+    rows: dict[str, dict] = {}
     plans = {b: schedule(sources, b) for b in setup.batches}
     for threads in setup.threads:
-        for key, engine in engines.items():
+        for engine in engines.values():
             engine.load(threads)
-            for batch in setup.batches:
-                outputs, seconds, passes = measure(engine, sources, plans[batch])
-                model, name, precision, decoding = ENGINES[key]
-                name_ = row_name(key, threads, batch)
-                hyps[name_] = [" ".join(o.tokens) for o in outputs]
-                row = {"name": name_, "engine_key": key, "model": model, "engine": name, "precision": precision,
-                       "decoding": decoding, "threads": threads, "batch": batch, "sentences": len(sources),
-                       "seconds": seconds, "sentences_per_s": len(sources) / seconds, "passes": passes,
-                       "passes_per_sentence": passes / len(sources), "ms_per_pass": 1000 * seconds / passes,
-                       **scored(outputs, references, setup.lang)}
-                results["rows"].append(row)
-                print(f"{name_}: {seconds:.2f} s, BLEU {row['bleu']:.2f}, {passes} passes", file=sys.stderr,
-                      flush=True)
+        for batch in setup.batches:
+            timed: dict[str, list[float]] = {key: [] for key in engines}
+            for _ in range(setup.rounds):
+                for key, engine in engines.items():
+                    outputs, seconds, passes = measure(engine, sources, plans[batch])
+                    timed[key].append(seconds)
+                    name_ = row_name(key, threads, batch)
+                    if name_ not in hyps:  # scored on the first round
+                        hyps[name_] = [" ".join(o.tokens) for o in outputs]
+                        rows[name_] = row_of(key, threads, batch, sources, outputs, passes, references, setup)
+                        results["rows"].append(rows[name_])
+                    set_seconds(rows[name_], timed[key])
+                    print(f"{name_}: {seconds:.2f} s, BLEU {rows[name_]['bleu']:.2f}, {passes} passes",
+                          file=sys.stderr, flush=True)
     return hyps
+
+
+def row_of(key: str, threads: int, batch: int, sources: list[list[str]], outputs: list[Output], passes: int,
+           references: list[str], setup: Setup) -> dict:
+    """One engine's row at ``threads`` and ``batch``, scored on ``outputs``."""
+    model, name, precision, decoding = ENGINES[key]
+    return {"name": row_name(key, threads, batch), "engine_key": key, "model": model, "engine": name,
+            "precision": precision, "decoding": decoding, "threads": threads, "batch": batch,
+            "sentences": len(sources), "passes": passes, "passes_per_sentence": passes / len(sources),
+            **scored(outputs, references, setup.lang)}
+
+
+def set_seconds(row: dict, rounds: list[float]) -> None:
+    """A row's timing: the median of its rounds' seconds, and every round's."""
+    seconds = statistics.median(rounds)
+    row.update({"seconds": seconds, "seconds_by_round": list(rounds), "sentences_per_s": row["sentences"] / seconds,
+                "ms_per_pass": 1000 * seconds / row["passes"]})
 
 
 # ---------------------------------------------------------------- comparing
@@ -478,8 +504,10 @@ def compare(results: dict, hyps: dict[str, list[str]]) -> None:
             if (a, n) in best and (b, n) in best:
                 ra, rb = best[a, n], best[b, n]
                 goal = 1.0 if n == SPEED_GOAL_BATCH else None
-                targets.append(target(f"{metric}, batch {n} (each at its best threads: {ra['threads']} / "
-                                      f"{rb['threads']})", ra["seconds"] / rb["seconds"], goal, "<="))
+                by_round = [x / y for x, y in zip(ra["seconds_by_round"], rb["seconds_by_round"], strict=True)]
+                targets.append({**target(f"{metric}, batch {n} (each at its best threads: {ra['threads']} / "
+                                         f"{rb['threads']})", ra["seconds"] / rb["seconds"], goal, "<="),
+                                "by_round": by_round})
     agreement = []
     if len(batches) > 1:
         lo, hi = batches[0], batches[-1]
@@ -513,8 +541,12 @@ def markdown(results: dict) -> str:
     threads = sorted({r["threads"] for r in results["rows"]})
     best = best_rows(results["rows"])
     by_name = {r["name"]: r for r in results["rows"]}
+    rounds = results.get("rounds", 1)
     lines = [f"{results['machine']}; {results['sentences']} sentences of {results['test_set']}; "
-             f"insertion EOS penalty {results['eos_penalty']:g}.", "",
+             f"insertion EOS penalty {results['eos_penalty']:g}; "
+             + (f"seconds: the median of {rounds} rounds, the engines taking turns." if rounds > 1 else
+                "one timed round.")
+             + "", "",
              "| engine | model | precision | decoding | batch | BLEU | "
              + " | ".join(f"s, {t} thread{'s' if t > 1 else ''}" for t in threads)
              + " | best threads | ms per pass | passes per sentence | mean iterations |",
@@ -524,10 +556,12 @@ def markdown(results: dict) -> str:
         lines.append(f"| {r['engine']} | {r['model']} | {r['precision']} | {r['decoding']} | {batch} | "
                      f"{fmt(r['bleu'])} | " + " | ".join(seconds) + f" | {r['threads']} | {fmt(r['ms_per_pass'])} | "
                      f"{fmt(r['passes_per_sentence'])} | {fmt(r['mean_iterations'])} |")
-    lines += ["", "| comparison | goal | measured | met |", "| --- | --- | --- | --- |"]
+    lines += ["", "| comparison | goal | measured (median of rounds) | rounds: lowest - highest | met |",
+              "| --- | --- | --- | --- | --- |"]
     for t in results["targets"]:
         met = "-" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['metric']} | {t['target']} | {fmt(t['value'], 3)} | {met} |")
+        spread = f"{fmt(min(t['by_round']), 3)} - {fmt(max(t['by_round']), 3)}" if t.get("by_round") else ""
+        lines.append(f"| {t['metric']} | {t['target']} | {fmt(t['value'], 3)} | {spread} | {met} |")
     if results["parity"]:
         lines += ["", "| same hypotheses | threads | batch | identical | BLEU a / b |",
                   "| --- | --- | --- | --- | --- |"]
@@ -570,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-penalty", type=float, default=3.0, help="the insertion model's EOS penalty (default 3)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 128], help="batch sizes (default 1 8 128)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds per batch, the engines taking turns (A, B, A, B ...); a row's seconds are their "
+                   "median (default 3)")
     p.add_argument("--sentences", type=int, default=0, help="the first N sentences only (default 0: all)")
     p.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
                    help="the engines to run (default all)")
@@ -592,8 +629,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
                        ("--ref", reference)):
         if not path.exists():
             raise EnginesError(f"{flag} {path}: not found")
-    if min(args.threads) < 1 or min(args.batches) < 1:
-        raise EnginesError("--threads and --batches take numbers >= 1")
+    if min(args.threads) < 1 or min(args.batches) < 1 or args.rounds < 1:
+        raise EnginesError("--threads, --batches and --rounds take numbers >= 1")
     kit = (args.kit or teacher.parent).resolve()
     names = {args.out: "OUT", kit: "KIT", args.insertion.parent: "INS", reference.parent: "DATA", REPO: "REPO"}
     if not data_bin.resolve().is_relative_to(kit):
@@ -603,6 +640,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  insertion=args.insertion.resolve(), reference=reference.resolve(),
                  lang=lang, eos_penalty=args.eos_penalty, threads=tuple(args.threads),
                  batches=tuple(sorted(set(args.batches))), sentences=args.sentences, engines=tuple(args.engines),
+                 rounds=args.rounds,
                  split=args.split, placeholders=placeholders)
 
 
@@ -627,7 +665,8 @@ def run(setup: Setup, argv: Sequence[str]) -> dict:
             info["versions"][mod] = None
     results = {
         "date": datetime.date.today().isoformat(), **info, "thread_counts": list(setup.threads),
-        "batches": list(setup.batches), "test_set": f"{setup.reference.name} ({setup.split} split of the data-bin)",
+        "batches": list(setup.batches), "rounds": setup.rounds,
+        "test_set": f"{setup.reference.name} ({setup.split} split of the data-bin)",
         "sentences": len(sources), "eos_penalty": setup.eos_penalty,
         "decoding": {"teacher": f"greedy (beam 1), at most {setup.max_len[0]:g} x source + {setup.max_len[1]}",
                      "insertion": setup.decoding("parallel"), "insertion_greedy": setup.decoding("greedy")},

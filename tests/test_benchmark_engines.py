@@ -37,7 +37,7 @@ def benchmark(kit, out, *extra, env=None):
 @pytest.fixture(scope="module")
 def results(kit, tmp_path_factory):
     out = tmp_path_factory.mktemp("engines_out")
-    proc = benchmark(kit, out, "--threads", *map(str, THREADS), "--batches", *map(str, BATCHES))
+    proc = benchmark(kit, out, "--threads", *map(str, THREADS), "--batches", *map(str, BATCHES), "--rounds", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads((out / "engines.json").read_text())
 
@@ -55,6 +55,8 @@ def test_every_engine_thread_count_and_batch_has_a_row_with_numbers(results):
         for key in NUMBERS:
             assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (r["name"], key)
         assert r["seconds"] > 0 and r["passes"] > 0 and 0 <= r["bleu"] <= 100, r
+        # the engines took turns for two rounds: the row's seconds are their median
+        assert len(r["seconds_by_round"]) == 2 and r["seconds"] == pytest.approx(sum(r["seconds_by_round"]) / 2)
         assert r["sentences"] == SENTENCES and r["threads"] in THREADS and r["batch"] in BATCHES
         hyps = (out / "hyps" / f"{r['name']}.txt").read_text().splitlines()
         assert len(hyps) == SENTENCES
@@ -85,6 +87,8 @@ def test_the_runtime_gives_the_pytorch_hypotheses_and_every_comparison_is_made(r
             speed = [t for t in res["targets"] if t["metric"].startswith(f"runtime / CTranslate2 seconds, {precision}, "
                                                                          "batch 1 ")]
             assert len(speed) == 1 and speed[0]["target"] == "<= 1" and speed[0]["value"] > 0, speed
+            # the ratio of each round, beside the ratio of the medians
+            assert len(speed[0]["by_round"]) == 2 and all(x > 0 for x in speed[0]["by_round"]), speed
     agreement = {(a["engine_key"], a["threads"]) for a in res["batch_agreement"]}
     assert agreement == {(k, t) for k in expected_engines() for t in THREADS}
 
