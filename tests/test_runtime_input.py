@@ -9,7 +9,9 @@ vocabulary of non-ASCII words. The command line runs as it is deployed, with tor
 unimportable; every refusal there is one line on standard error and exit status 2."""
 
 import json
+import os
 import random
+import select
 import shutil
 import subprocess
 import sys
@@ -270,3 +272,140 @@ def test_the_constructor_refuses_bad_arguments_naming_them(export, kwargs, messa
     with pytest.raises(TranslatorError) as info:
         Translator(export, **kwargs)
     assert str(info.value).startswith(message), str(info.value)
+
+
+# ---------------------------------------------------------------- the command line's arguments
+@pytest.mark.parametrize("args,message", [
+    (["--bpe-codes", "codes"], "--bpe-codes is used with --tokenizer moses"),
+    (["--tokenizer", "moses"], "--tokenizer moses needs --bpe-codes"),
+    (["--tokenizer", "moses", "--bpe-codes", "codes", "--post-process", "subword_nmt"],
+     "--post-process applies to subword pieces"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--threads", "-1"], "--threads must be >= 0"),
+    (["--batch-size", "two"], "argument --batch-size: invalid int value: 'two'"),
+    (["--max-len-b=-5"], "--max-len-b must be an integer >= 0, got -5"),
+    (["--block-neighbour-copies=1"], "ignored explicit argument"),
+])
+def test_bad_arguments_are_one_line(export, args, message):
+    assert_one_line_error(runtime("translate", export, *args, stdin="wé1\n"), message)
+
+
+def test_every_on_off_option_has_a_no_twin(copy):
+    """An export's block_neighbour_copies=True is switched off by --no-block-neighbour-copies."""
+    from fairseq_insertion.export import build_parser as export_parser
+    from fairseq_insertion.runtime.__main__ import build_parser
+
+    for parse in (lambda a: build_parser().parse_args(["translate", "d", *a]),
+                  lambda a: export_parser().parse_args(["--path", "p", "--data", "d", "--out", "o", *a])):
+        assert parse(["--no-close-ended-slots"]).close_ended_slots is False
+        assert parse(["--close-ended-slots"]).close_ended_slots is True
+        assert parse([]).block_neighbour_copies is None
+    setting("decoding.block_neighbour_copies", True)(copy)
+    lines = [" ".join(random.Random(i).sample(WORDS, 6)) for i in range(12)]
+    translator = Translator(copy, intra_threads=1)
+    on, off = ([" ".join(r.hypotheses[0]) for r in translator.translate_batch([x.split() for x in lines],
+                                                                              block_neighbour_copies=flag)]
+               for flag in (True, False))
+    assert on != off  # the option matters for these lines
+    proc = runtime("translate", copy, "--no-block-neighbour-copies", stdin="".join(x + "\n" for x in lines))
+    assert proc.returncode == 0 and proc.stdout.splitlines() == off, proc.stderr
+    assert runtime("translate", copy, stdin="".join(x + "\n" for x in lines)).stdout.splitlines() == on
+
+
+# ---------------------------------------------------------------- reading and writing
+def api_lines(export, lines, **options):
+    translator = Translator(export, intra_threads=1)
+    return [" ".join(r.hypotheses[0]) for r in translator.translate_batch([x.split() for x in lines], **options)]
+
+
+def some_lines(n: int, seed: int = 0):
+    rng = random.Random(seed)
+    return [" ".join(rng.sample(WORDS, rng.randint(2, 7))) for _ in range(n)]
+
+
+def start_runtime(*args, stdout=subprocess.PIPE):
+    return subprocess.Popen([sys.executable, "-c", RUNTIME, *map(str, args)], stdin=subprocess.PIPE,
+                            stdout=stdout, stderr=subprocess.PIPE, cwd=REPO, bufsize=0)
+
+
+def read_lines(stream, n: int, seconds: float = 120) -> list:
+    """The first ``n`` lines the process writes, waiting at most ``seconds`` for each."""
+    data = b""
+    while data.count(b"\n") < n:
+        ready, _, _ = select.select([stream], [], [], seconds)
+        assert ready, f"no output line within {seconds} s"
+        data += os.read(stream.fileno(), 1 << 16)
+    return data.splitlines(keepends=True)
+
+
+def test_each_batch_is_written_before_the_next_is_read(export):
+    lines = some_lines(5)
+    proc = start_runtime("translate", export, "--batch-size", "2")
+    try:
+        proc.stdin.write("".join(x + "\n" for x in lines[:2]).encode())
+        proc.stdin.flush()  # standard input stays open: a runtime reading all of it first would wait
+        got = read_lines(proc.stdout, 2)
+        proc.stdin.write("".join(x + "\n" for x in lines[2:]).encode())
+        proc.stdin.close()
+        got += proc.stdout.read().splitlines(keepends=True)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert [g.decode("utf-8") for g in got] == [x + "\n" for x in api_lines(export, lines)]
+
+
+def test_output_is_utf8_whatever_the_locale_and_a_bom_is_skipped(export, tmp_path):
+    lines = some_lines(6, seed=1)
+    expected = api_lines(export, lines)
+    assert any(not x.isascii() for x in expected)
+    assert api_lines(export, ["\ufeff" + lines[0]]) != expected[:1]  # the mark, read as a token, would matter
+    env = dict(os.environ, PYTHONIOENCODING="ascii", LC_ALL="C", LANG="C", PYTHONUTF8="0")
+    (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + "".join(x + "\n" for x in lines).encode())
+    for args, stdin in ((["--input", tmp_path / "in.txt"], b""), ([], (tmp_path / "in.txt").read_bytes())):
+        proc = runtime("translate", export, *args, stdin=stdin, env=env)
+        assert proc.returncode == 0 and proc.stderr == b"", proc.stderr
+        assert proc.stdout.decode("utf-8").split("\n") == expected + [""]
+
+
+def test_a_closed_output_pipe_ends_quietly(export):
+    lines = some_lines(300, seed=2)
+    proc = start_runtime("translate", export, "--batch-size", "1")
+    try:
+        proc.stdin.write("".join(x + "\n" for x in lines).encode())
+        proc.stdin.close()
+        assert read_lines(proc.stdout, 1)[0].decode("utf-8") == api_lines(export, lines[:1])[0] + "\n"
+        proc.stdout.close()  # as `| head -1` does
+        assert proc.wait(timeout=120) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        proc.kill()
+
+
+def test_warnings_number_lines_from_1_across_batches(copy):
+    setting("model.max_source_positions", 6)(copy)
+    lines = ["wé1 wé2", "", "wé3", " \t ", "ß1 ß2 ß3", "wé1 wé2 wé3 wé4 wé5 wé6", "ß4", "\ufeff"]
+    proc = runtime("translate", copy, "--batch-size", "3", stdin="".join(x + "\n" for x in lines))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "WARNING: standard input line 2: empty; its translation is empty",
+        "WARNING: standard input line 4: empty; its translation is empty",
+        "WARNING: standard input line 6: 7 source tokens with the end-of-sentence marker, over the model's 6; "
+        "its translation is empty"]
+    ok = [0, 2, 4, 6, 7]
+    expected = dict(zip(ok, api_lines(copy, [lines[i] for i in ok])))
+    assert proc.stdout.split("\n")[:-1] == [expected.get(i, "") for i in range(len(lines))]
+
+
+def test_a_line_that_tokenises_to_nothing_is_named_as_empty(export, tmp_path):
+    pytest.importorskip("sacremoses")
+    pytest.importorskip("subword_nmt")
+    (tmp_path / "codes").write_text("#version: 0.2\nw é\n", encoding="utf-8")
+    (tmp_path / "bad").write_text("not codes at all\n", encoding="utf-8")
+    proc = runtime("translate", export, "--tokenizer", "moses", "--bpe-codes", tmp_path / "bad", stdin="wé1\n")
+    assert_one_line_error(proc, f"{tmp_path / 'bad'}: not subword-nmt BPE codes (Error: invalid line 1")
+    stdin = "wé1 wé2\n\x01\x02\n\nß3\n"
+    proc = runtime("translate", export, "--tokenizer", "moses", "--bpe-codes", tmp_path / "codes", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split(": ", 1)[1] for line in proc.stderr.splitlines()] == [
+        f"standard input line {n}: empty; its translation is empty" for n in (2, 3)]
+    assert [bool(x) for x in proc.stdout.split("\n")[:-1]] == [True, False, False, True]

@@ -6,45 +6,72 @@
 Input lines are the model's subword pieces (BPE'd text), output lines the same; with
 ``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer moses --bpe-codes
 CODES`` the input is raw text (Moses-tokenised, then BPE'd with subword-nmt) and the output is
-detokenised text. An empty line, or one the model cannot take, gives an empty output line (and
-a warning naming the line on standard error). The decoding options default to the export's.
+detokenised text. The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
+skipped, an invalid byte read as U+FFFD with a warning) and translated --batch-size lines at a
+time, each batch's lines written and flushed before the next is read; the output is UTF-8
+whatever the locale. An empty line, one that tokenises to nothing, or one the model cannot take
+gives an empty output line and a warning naming the line (numbered from 1). When the reader of the
+output goes away (``| head -1``), translation stops quietly with exit status 0. The decoding
+options default to the export's; each on/off option has a ``--no-`` form that switches off what
+the export switched on. Errors are one line on standard error, with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import itertools
 import logging
+import os
 import sys
-from typing import Callable, List, Optional, Sequence, TextIO
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple
 
-from ..config import FLAGS, DecodingConfig, DecodingError
-from . import RUNTIME_OPTIONS, Translator, TranslatorError
+import numpy as np
+
+from ..config import DecodingError, add_runtime_arguments
+from . import RUNTIME_OPTIONS, Options, Translator, TranslatorError
 
 logger = logging.getLogger("fairseq_insertion.runtime")
 PROG = "python -m fairseq_insertion.runtime"
 
 
-def read_lines(stream, name: str) -> List[str]:
-    """UTF-8 lines without their line ends; an invalid byte becomes U+FFFD, with a warning naming the line."""
-    lines = []
+Encode = Callable[[str], List[str]]
+Decode = Callable[[List[str]], str]
+
+
+def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
+    """UTF-8 lines without their line ends, as they are read, a leading byte-order mark skipped; an
+    invalid byte becomes U+FFFD, with a warning naming the line."""
     for i, raw in enumerate(stream, 1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = raw.decode("utf-8", errors="replace")
             logger.warning("%s line %d: not valid UTF-8; invalid bytes read as U+FFFD", name, i)
-        lines.append(text.rstrip("\r\n"))
-    return lines
+        yield (text[1:] if i == 1 and text.startswith("\ufeff") else text).rstrip("\r\n")
 
 
-def text_pipeline(args: argparse.Namespace) -> tuple[Callable[[str], List[str]], Callable[[List[str]], str]]:
+def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
+    """(number of the first line, counted from 1; up to ``size`` lines), as the lines are read."""
+    lines = iter(lines)
+    first = 1
+    while batch := list(itertools.islice(lines, size)):
+        yield first, batch
+        first += len(batch)
+
+
+def text_pipeline(args: argparse.Namespace) -> Tuple[Encode, Decode]:
     """How a line becomes source pieces, and target pieces an output line."""
     if args.tokenizer == "moses":
-        from sacremoses import MosesDetokenizer, MosesTokenizer
-        from subword_nmt.apply_bpe import BPE
+        try:
+            from sacremoses import MosesDetokenizer, MosesTokenizer
+            from subword_nmt.apply_bpe import BPE
+        except ImportError as exc:
+            raise TranslatorError(f"--tokenizer moses needs sacremoses and subword-nmt ({exc}): "
+                                  "pip install sacremoses subword-nmt") from None
 
-        with open(args.bpe_codes, encoding="utf-8") as codes:
-            bpe = BPE(codes, separator="@@")
+        bpe = read_bpe_codes(BPE, args.bpe_codes)
         tok, detok = MosesTokenizer(args.source_lang), MosesDetokenizer(args.target_lang)
 
         def encode(line: str) -> List[str]:  # fairseq's moses tokenizer and subword_nmt bpe
@@ -60,25 +87,85 @@ def text_pipeline(args: argparse.Namespace) -> tuple[Callable[[str], List[str]],
     return str.split, " ".join
 
 
+def read_bpe_codes(bpe_class: type, path: str) -> object:
+    """subword-nmt's BPE of a codes file (which it reports on standard error and exits on when invalid)."""
+    with open(path, encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()) as said:
+        try:
+            return bpe_class(codes, separator="@@")
+        except (SystemExit, UnicodeDecodeError, ValueError):
+            pass
+    reason = " ".join(said.getvalue().split())
+    raise TranslatorError(f"{path}: not subword-nmt BPE codes ({reason or 'unreadable'})")
+
+
 def translate(args: argparse.Namespace, out: TextIO) -> int:
+    """Translate the input batch by batch, writing and flushing each batch's lines."""
     options = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
     translator = Translator(args.model_dir, intra_threads=args.threads)
     opts = translator.options(**options)
     encode, decode = text_pipeline(args)
-    if args.input == "-":
-        lines = read_lines(sys.stdin.buffer, "standard input")
-    else:
-        with open(args.input, "rb") as handle:
-            lines = read_lines(handle, args.input)
-    ids = [translator.encode(encode(line)) for line in lines]
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            logger.warning("input line %d: empty; its translation is empty", i)
-    results = translator.translate_ids(ids, args.batch_size, opts)
-    for target, _, _ in results:
-        out.write(decode([translator.target_symbols[t] for t in target.tolist()]) + "\n")
-    out.flush()
+    name = "standard input" if args.input == "-" else args.input
+    with open_input(args.input) as stream:
+        for first, lines in batches(read_lines(stream, name), args.batch_size):
+            out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name,
+                                                                     (encode, decode))))
+            out.flush()
     return 0
+
+
+def open_input(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    """The input's bytes: standard input (left open) or the file."""
+    return contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")
+
+
+def translate_lines(translator: Translator, opts: Options, lines: List[str], first: int, name: str,
+                    text: Tuple[Encode, Decode]) -> List[str]:
+    """The output line of each input line; an empty one, with a warning naming the line, for a line
+    that tokenises to nothing or is longer than the model's source positions."""
+    encode, decode = text
+    ids: Dict[int, np.ndarray] = {}
+    for number, line in enumerate(lines, first):
+        pieces = encode(line)
+        source = translator.encode(pieces)
+        if not pieces:
+            logger.warning("%s line %d: empty; its translation is empty", name, number)
+        elif len(source) > translator.max_source_positions:
+            logger.warning("%s line %d: %d source tokens with the end-of-sentence marker, over the model's %d; "
+                           "its translation is empty", name, number, len(source), translator.max_source_positions)
+        else:
+            ids[number] = source
+    results = translator.translate_ids(list(ids.values()), len(ids), opts)
+    targets = {number: decode([translator.target_symbols[t] for t in target.tolist()])
+               for number, (target, _, _) in zip(ids, results)}
+    return [targets.get(number, "") for number in range(first, first + len(lines))]
+
+
+def check_arguments(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with a combination of arguments, if anything."""
+    if args.tokenizer == "moses" and not args.bpe_codes:
+        return "--tokenizer moses needs --bpe-codes"
+    if args.bpe_codes and args.tokenizer != "moses":
+        return "--bpe-codes is used with --tokenizer moses (raw text in); without it the input is already BPE'd"
+    if args.tokenizer == "moses" and args.post_process != "none":
+        return "--post-process applies to subword pieces out; with --tokenizer moses the output is detokenised text"
+    if args.batch_size < 1:
+        return f"--batch-size must be >= 1, got {args.batch_size}"
+    if args.threads < 0:
+        return f"--threads must be >= 0 (0: all cores), got {args.threads}"
+    return None
+
+
+def utf8(stream: TextIO) -> None:
+    """Write UTF-8 whatever the locale (a stream that is not a text file is left as it is)."""
+    if isinstance(stream, io.TextIOWrapper):
+        stream.reconfigure(encoding="utf-8", errors="backslashreplace" if stream is sys.stderr else "strict")
+
+
+def quiet_stdout() -> None:
+    """The reader of standard output went away: send what is left to os.devnull, so that Python's
+    flush at exit raises nothing (Python's documented recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 class Parser(argparse.ArgumentParser):
@@ -92,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    t = p.translate_parser = sub.add_parser("translate", help="translate lines with an exported model")
+    t = sub.add_parser("translate", help="translate lines with an exported model")
     t.add_argument("model_dir", help="the directory python -m fairseq_insertion.export wrote")
     t.add_argument("--input", default="-", help="input file (default: standard input)")
     t.add_argument("--batch-size", type=int, default=32, help="sentences decoded together (default 32)")
@@ -103,33 +190,37 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target-lang", default="de", help="Moses detokeniser language (default de)")
     t.add_argument("--post-process", choices=("none", "subword_nmt"), default="none",
                    help="subword_nmt: undo the @@ joins of the output pieces (default: none)")
-    g = t.add_argument_group("decoding (default: the export's)")
-    d = DecodingConfig()
-    for name in RUNTIME_OPTIONS:
-        default = getattr(d, name)
-        if isinstance(default, bool):
-            g.add_argument(FLAGS[name], dest=name, action="store_true", default=None)
-        else:
-            g.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
+    add_runtime_arguments(t.add_argument_group("decoding (default: the export's; --no-X switches X off)"))
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    utf8(sys.stderr)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    parser = parser.translate_parser
-    if args.tokenizer == "moses" and not args.bpe_codes:
-        parser.error("--tokenizer moses needs --bpe-codes")
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    try:
-        return translate(args, sys.stdout)
-    except (TranslatorError, DecodingError) as exc:
-        parser.error(exc.command_line() if isinstance(exc, DecodingError) else str(exc))
-    except OSError as exc:
-        parser.error(f"{exc.filename}: {exc.strerror}")
+    args = build_parser().parse_args(argv)
+    problem = check_arguments(args)
+    if problem is None:
+        utf8(sys.stdout)
+        problem = run(args)
+    if problem is None:
+        return 0
+    print(f"{PROG} {args.command}: error: {problem}", file=sys.stderr)
     return 2
+
+
+def run(args: argparse.Namespace) -> Optional[str]:
+    """Translate; what stopped it, if anything (a closed output is no error)."""
+    try:
+        translate(args, sys.stdout)
+    except BrokenPipeError:
+        quiet_stdout()
+    except DecodingError as exc:
+        return exc.command_line()
+    except TranslatorError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{exc.filename or 'standard output'}: {exc.strerror}"
+    return None
 
 
 if __name__ == "__main__":
