@@ -212,8 +212,10 @@ def choose_step(decoding: str, termination: str) -> Step:
 
 
 def _cap(insert: Tensor, score: Tensor, room: Tensor) -> Tensor:
-    """Keep at most ``room`` insertions per row, the highest-scoring ones. (A, S)."""
-    rank = score.masked_fill(~insert, float("-inf")).argsort(1, descending=True).argsort(1)
+    """Keep at most ``room`` insertions per row, the highest-scoring ones; of equal scores, the leftmost
+    slots (a stable sort, as the runtime's). (A, S)."""
+    order = score.masked_fill(~insert, float("-inf")).argsort(dim=1, descending=True, stable=True)  # (A, S)
+    rank = order.argsort(dim=1, stable=True)
     return insert & (rank < room.unsqueeze(1))
 
 
