@@ -15,6 +15,11 @@ Outputs under ``--out``:
 * ``tok/{train,valid,test}.{src,tgt}``  tokenised + BPE'd text
 * ``raw/{valid,test}.{src,tgt}``        original lines (references for detokenised BLEU)
 * ``data-bin/``                         ``fairseq-preprocess`` output (joined dictionary)
+* ``data-bin/preprocess.json``          how the text was prepared (``fairseq_insertion.preprocess``),
+  which ``python -m fairseq_insertion.export`` records in an export for the runtime to replay
+
+Every line is prepared by ``fairseq_insertion.preprocess.prepare_line``'s steps: Moses punctuation
+normalisation and tokenisation (no XML escaping, dashes kept within words), then the joint BPE.
 
 ``--train-lines`` limits the training split, ``--test-lines`` limits both the
 valid and the test split (first N lines); both are meant for tests and quick runs.
@@ -24,6 +29,7 @@ Empty lines are kept so that every split stays line-aligned with its raw referen
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import io
 import shutil
@@ -35,12 +41,17 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
-from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
 from examples.commands import preprocess_command  # noqa: E402
+from fairseq_insertion.preprocess import (  # noqa: E402
+    RECORD,
+    Preprocessing,
+    apply_bpe_line,
+    tokenize_line,
+    write_record,
+)
 
 DOWNLOAD_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
 # (raw file stem, output split name)
@@ -122,29 +133,17 @@ def write_lines(path: Path, lines: list[str]) -> None:
 # ---------------------------------------------------------------- workers
 
 
-def _tokenize_chunk(args: tuple[str, list[str]]) -> list[str]:
-    lang, lines = args
-    normalizer = MosesPunctNormalizer(lang=lang)
-    tokenizer = MosesTokenizer(lang=lang)
-    out = []
-    for line in lines:
-        line = line.strip()
-        if not line:
-            out.append("")
-            continue
-        out.append(
-            tokenizer.tokenize(
-                normalizer.normalize(line), escape=False, return_str=True
-            ).strip()
-        )
-    return out
+Job = tuple[Preprocessing, str, list[str]]  # (settings, language, lines)
 
 
-def _bpe_chunk(args: tuple[str, list[str]]) -> list[str]:
-    codes, lines = args
-    with open(codes, encoding="utf-8") as handle:
-        bpe = BPE(handle)
-    return [bpe.process_line(line).strip() if line else "" for line in lines]
+def _tokenize_chunk(job: Job) -> list[str]:
+    settings, lang, lines = job
+    return [tokenize_line(line, settings, lang) for line in lines]
+
+
+def _bpe_chunk(job: Job) -> list[str]:
+    settings, _, lines = job
+    return [apply_bpe_line(line, settings) for line in lines]
 
 
 def _chunks(lines: list[str], n: int) -> list[list[str]]:
@@ -153,12 +152,13 @@ def _chunks(lines: list[str], n: int) -> list[list[str]]:
 
 
 def _parallel(
-    func: Callable[[tuple[str, list[str]]], list[str]],
-    key: str,
+    func: Callable[[Job], list[str]],
+    settings: Preprocessing,
+    lang: str,
     lines: list[str],
     workers: int,
 ) -> list[str]:
-    jobs = [(key, chunk) for chunk in _chunks(lines, workers)]
+    jobs = [(settings, lang, chunk) for chunk in _chunks(lines, workers)]
     if workers <= 1 or len(jobs) == 1:
         results = [func(job) for job in jobs]
     else:
@@ -167,14 +167,17 @@ def _parallel(
     return [line for chunk in results for line in chunk]
 
 
-def tokenize(lines: list[str], lang: str, workers: int = 1) -> list[str]:
-    """Moses punctuation normalisation + tokenisation (no XML escaping)."""
-    return _parallel(_tokenize_chunk, lang, lines, workers)
+def tokenize(lines: list[str], lang: str, workers: int = 1,
+             settings: Preprocessing | None = None) -> list[str]:
+    """Moses punctuation normalisation + tokenisation (no XML escaping) of lines in ``lang``."""
+    return _parallel(_tokenize_chunk, settings or Preprocessing(), lang, lines, workers)
 
 
-def apply_bpe(lines: list[str], codes: Path, workers: int = 1) -> list[str]:
+def apply_bpe(lines: list[str], codes: Path, workers: int = 1,
+              settings: Preprocessing | None = None) -> list[str]:
     """Apply subword-nmt BPE codes to tokenised lines."""
-    return _parallel(_bpe_chunk, str(codes), lines, workers)
+    settings = dataclasses.replace(settings or Preprocessing(), bpe_codes=str(codes))
+    return _parallel(_bpe_chunk, settings, "", lines, workers)
 
 
 # ---------------------------------------------------------------- pipeline
@@ -216,11 +219,12 @@ def prepare(
             raise PrepareError(f"split {split!r} is empty ({src_path})")
         raw[split] = {"src": src_lines, "tgt": tgt_lines}
 
+    settings = Preprocessing(source_lang=src, target_lang=tgt)
     print(f"tokenising ({workers} workers) ...", file=sys.stderr)
     tok: dict[str, dict[str, list[str]]] = {
         split: {
-            "src": tokenize(sides["src"], src, workers),
-            "tgt": tokenize(sides["tgt"], tgt, workers),
+            "src": tokenize(sides["src"], src, workers, settings),
+            "tgt": tokenize(sides["tgt"], tgt, workers, settings),
         }
         for split, sides in raw.items()
     }
@@ -250,7 +254,8 @@ def prepare(
     for split, sides in tok.items():
         for side in ("src", "tgt"):
             write_lines(
-                tok_dir / f"{split}.{side}", apply_bpe(sides[side], codes, workers)
+                tok_dir / f"{split}.{side}",
+                apply_bpe(sides[side], codes, workers, settings),
             )
             if split != "train":
                 write_lines(ref_dir / f"{split}.{side}", raw[split][side])
@@ -264,6 +269,8 @@ def prepare(
         raise PrepareError(
             f"fairseq-preprocess failed with exit code {result.returncode}"
         )
+
+    write_record(dest / RECORD, dataclasses.replace(settings, bpe_codes=str(codes)))
 
     with (dest / "dict.src.txt").open(encoding="utf-8") as handle:
         vocab = sum(1 for _ in handle) + 4  # + <s>, <pad>, </s>, <unk>

@@ -1,0 +1,248 @@
+"""Raw text to a model's subword pieces, and its output pieces back to text, as the training data was prepared.
+
+    from fairseq_insertion.preprocess import Preprocessing, prepare_line, detokenize
+
+    settings = Preprocessing(source_lang="en", target_lang="de", bpe_codes="bpe.codes")
+    prepare_line("A father-figure smiles.", settings)   # 'A father-figure smiles .' (BPE'd)
+    detokenize(["Ein", "Vater@@", "figur", "lächelt", "."], settings)   # 'Ein Vaterfigur lächelt.'
+
+:func:`prepare_line` is the one preparation of a line: ``examples/multi30k/prepare.py`` makes its
+data with it (and writes its :class:`Preprocessing` as ``preprocess.json`` beside the data-bin),
+``python -m fairseq_insertion.export`` records it in an export's ``settings.json`` and the runtime
+replays it on raw text. The steps: the line stripped (an empty line stays empty), Moses punctuation
+normalisation (``normalize_punctuation``), Moses tokenisation in the line's language (dashes split
+off words only with ``aggressive_dash_splits``; XML characters escaped only with ``escape``),
+lowercasing (``lowercase``), then subword-nmt BPE with ``bpe_codes`` (none when it is None).
+:func:`detokenize` undoes what can be undone for output: the BPE joins removed and the words
+Moses-detokenised in the target language, as the benchmarks score.
+
+Standard library only until a line is prepared; then sacremoses and subword-nmt (no torch, no fairseq).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import io
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+RECORD = "preprocess.json"  # beside a data-bin: how its text was prepared
+TOKENIZERS = ("moses",)
+BPE_KINDS = ("subword_nmt",)
+LANG = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+class PreprocessError(ValueError):
+    """Preprocessing settings, a codes file or an option that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How raw text was prepared for a model (see the module); ``bpe_codes``: a subword-nmt codes file."""
+
+    source_lang: str = "en"
+    target_lang: str = "de"
+    bpe_codes: Optional[str] = None
+    tokenizer: str = "moses"
+    normalize_punctuation: bool = True
+    aggressive_dash_splits: bool = False
+    escape: bool = False
+    lowercase: bool = False
+    bpe: str = "subword_nmt"
+    bpe_separator: str = "@@"
+
+    def record(self, bpe_codes: Optional[str] = None) -> Dict[str, Any]:
+        """The JSON record, its ``bpe_codes`` written as ``bpe_codes`` (a path relative to the record)."""
+        return {**dataclasses.asdict(self), "bpe_codes": bpe_codes if self.bpe_codes else None}
+
+    @classmethod
+    def from_record(cls, values: Any, where: str, prefix: str = "") -> "Preprocessing":
+        """A record's settings, each key checked: ``WHERE: PREFIXKEY must be ...`` when it is not."""
+        if not isinstance(values, dict):
+            raise PreprocessError(f"{where}: {prefix.rstrip('.') or 'the record'} must be an object, "
+                                  f"got {type(values).__name__}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise PreprocessError(f"{where}: {prefix.rstrip('.') or 'the record'} has unknown key(s) {unknown}; "
+                                  f"its keys are {fields}")
+        for key, value in values.items():
+            problem = _problem(key, value)
+            if problem:
+                raise PreprocessError(f"{where}: {prefix}{key} {problem}, got {value!r}")
+        return cls(**values)
+
+    def under(self, directory: Path) -> "Preprocessing":
+        """The settings with a relative ``bpe_codes`` taken as relative to ``directory``."""
+        if self.bpe_codes is None:
+            return self
+        return dataclasses.replace(self, bpe_codes=str(Path(directory) / self.bpe_codes))
+
+
+def _problem(key: str, value: Any) -> str:
+    """What is wrong with a record's value, if anything (the text after ``KEY``)."""
+    if key in ("source_lang", "target_lang"):
+        return "" if isinstance(value, str) and LANG.fullmatch(value) else "must be a language code such as 'en'"
+    if key == "tokenizer":
+        return "" if value in TOKENIZERS else f"must be one of {list(TOKENIZERS)}"
+    if key == "bpe":
+        return "" if value in BPE_KINDS else f"must be one of {list(BPE_KINDS)}"
+    if key == "bpe_codes":
+        return "" if value is None or (isinstance(value, str) and value.strip()) else "must be a path or null"
+    if key == "bpe_separator":
+        return "" if isinstance(value, str) and value and value.split() == [value] else \
+            "must be a non-empty string without whitespace"
+    return "" if type(value) is bool else "must be true or false"
+
+
+def write_record(path: Path, settings: Preprocessing) -> None:
+    """``settings`` as a JSON file (``preprocess.json``), its codes path relative to the file's directory."""
+    codes = settings.bpe_codes and os.path.relpath(Path(settings.bpe_codes).resolve(), Path(path).parent.resolve())
+    Path(path).write_text(json.dumps(settings.record(codes), indent=2) + "\n", encoding="utf-8")
+
+
+def read_record(path: Path) -> Preprocessing:
+    """The settings of a ``preprocess.json``, its codes path taken from the file's directory."""
+    try:
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PreprocessError(f"{path}: not a JSON record ({exc})") from None
+    return Preprocessing.from_record(values, str(path)).under(Path(path).parent)
+
+
+# ---------------------------------------------------------------- the one preparation
+def prepare_line(line: str, settings: Preprocessing, lang: Optional[str] = None) -> str:
+    """A raw line as the training data's lines were prepared: tokenised in ``lang`` (default: the
+    source language), then BPE'd; pieces separated by single spaces, an empty line empty."""
+    return apply_bpe_line(tokenize_line(line, settings, lang), settings)
+
+
+def tokenize_line(line: str, settings: Preprocessing, lang: Optional[str] = None) -> str:
+    """The Moses steps of :func:`prepare_line` (normalisation, tokenisation, lowercasing)."""
+    line = line.strip()
+    if not line:
+        return ""
+    normalizer, tokenizer = _moses(lang or settings.source_lang, settings.normalize_punctuation)
+    if normalizer is not None:
+        line = normalizer.normalize(line)
+    words = tokenizer.tokenize(line, aggressive_dash_splits=settings.aggressive_dash_splits,
+                               escape=settings.escape, return_str=True).strip()
+    return words.lower() if settings.lowercase else words
+
+
+def apply_bpe_line(words: str, settings: Preprocessing) -> str:
+    """The BPE step of :func:`prepare_line` on a tokenised line (none without ``bpe_codes``)."""
+    if not words or settings.bpe_codes is None:
+        return words
+    return _bpe(settings.bpe_codes, settings.bpe_separator, _stamp(settings.bpe_codes)).process_line(words).strip()
+
+
+def detokenize(pieces: Sequence[str], settings: Preprocessing) -> str:
+    """Output pieces as text: the BPE joins removed, Moses-detokenised in the target language."""
+    text = " ".join(pieces)
+    if settings.bpe_codes is not None:
+        text = (text + " ").replace(settings.bpe_separator + " ", "")
+    return _detokenizer(settings.target_lang).detokenize(text.split(), unescape=settings.escape)
+
+
+def load(settings: Preprocessing) -> None:
+    """Load what :func:`prepare_line` and :func:`detokenize` use, so that a missing package or a bad
+    codes file is refused before any line is read."""
+    _moses(settings.source_lang, settings.normalize_punctuation)
+    _detokenizer(settings.target_lang)
+    if settings.bpe_codes is not None:
+        _bpe(settings.bpe_codes, settings.bpe_separator, _stamp(settings.bpe_codes))
+
+
+def _import(module: str, name: str) -> Any:
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except ImportError as exc:
+        raise PreprocessError(f"raw text needs sacremoses and subword-nmt ({exc}): "
+                              "pip install sacremoses subword-nmt") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _moses(lang: str, normalize: bool) -> Tuple[Any, Any]:
+    normalizer = _import("sacremoses", "MosesPunctNormalizer")(lang=lang) if normalize else None
+    return normalizer, _import("sacremoses", "MosesTokenizer")(lang=lang)
+
+
+@functools.lru_cache(maxsize=None)
+def _detokenizer(lang: str) -> Any:
+    return _import("sacremoses", "MosesDetokenizer")(lang=lang)
+
+
+def _stamp(path: str) -> Tuple[int, int]:
+    """The codes file's size and modification time (a rewritten file is read again)."""
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise PreprocessError(f"{path}: {exc.strerror}") from None
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _bpe(path: str, separator: str, stamp: Tuple[int, int]) -> Any:
+    """subword-nmt's BPE of a codes file (which reports on standard error and exits when the file is invalid)."""
+    bpe_class = _import("subword_nmt.apply_bpe", "BPE")
+    with open(path, encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()) as said:
+        try:
+            return bpe_class(codes, separator=separator)
+        except (SystemExit, UnicodeDecodeError, ValueError):
+            pass
+    reason = " ".join(said.getvalue().split())
+    raise PreprocessError(f"{path}: not subword-nmt BPE codes ({reason or 'unreadable'})")
+
+
+# ---------------------------------------------------------------- command-line options
+OPTIONS = {  # flag: (field, type); an on/off field's flag also has its --no- form
+    "--source-lang": ("source_lang", str), "--target-lang": ("target_lang", str), "--bpe-codes": ("bpe_codes", str),
+    "--normalize-punctuation": ("normalize_punctuation", bool),
+    "--aggressive-dash-splits": ("aggressive_dash_splits", bool), "--escape": ("escape", bool),
+    "--lowercase": ("lowercase", bool),
+}
+
+
+def add_arguments(group: Any, recorded: str) -> None:
+    """``--tokenizer moses`` and the settings' options on an argparse parser or group, each None when not
+    given; ``recorded`` says where the settings come from when they are not given."""
+    group.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                       help=f"raw text: Moses and subword-nmt BPE (the settings: {recorded}, changed by the options)")
+    for flag, (field, kind) in OPTIONS.items():
+        default = getattr(Preprocessing(), field)
+        if kind is bool:
+            group.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"with --tokenizer moses (default {'on' if default else 'off'})")
+        else:
+            group.add_argument(flag, dest=field, default=None, help=f"with --tokenizer moses (default {default})")
+
+
+def from_arguments(args: argparse.Namespace, recorded: Optional[Preprocessing], where: str) -> Optional[Preprocessing]:
+    """The settings of ``--tokenizer moses``: ``recorded``'s (``where`` names it), with the options given
+    applied; None without ``--tokenizer``. Refused: an option without ``--tokenizer moses``, and no codes."""
+    given = {field: getattr(args, field) for field, _ in OPTIONS.values() if getattr(args, field, None) is not None}
+    if args.tokenizer is None:
+        if given:
+            flag = next(f for f, (field, _) in OPTIONS.items() if field in given)
+            raise PreprocessError(f"{flag} is used with --tokenizer moses (raw text); without it the text is "
+                                  "already BPE'd")
+        return None
+    if "bpe_codes" not in given and (recorded is None or recorded.bpe_codes is None):
+        raise PreprocessError(f"--tokenizer moses needs --bpe-codes ({where} records no preprocessing)")
+    for flag, (field, _) in OPTIONS.items():
+        problem = _problem(field, given.get(field))
+        if field in given and problem:
+            raise PreprocessError(f"{flag} {problem}, got {given[field]!r}")
+    return dataclasses.replace(recorded or Preprocessing(), tokenizer=args.tokenizer, **given)
+
+
+__all__ = ["PreprocessError", "Preprocessing", "RECORD", "add_arguments", "apply_bpe_line", "detokenize",
+           "from_arguments", "load", "prepare_line", "read_record", "tokenize_line", "write_record"]
