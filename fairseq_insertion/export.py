@@ -1,6 +1,7 @@
 """Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
 
-    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [decoding options]
+    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [decoding options] \
+        [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
 
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
 
@@ -15,7 +16,15 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
 * ``settings.json``: the model's ids and sizes, the decoding's options
   (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here) and the size and
-  sha256 of every other file, which the runtime checks when it loads them.
+  sha256 of every other file, which the runtime checks when it loads them; and, when known, how raw
+  text was prepared for the model (``preprocessing``: :class:`~fairseq_insertion.preprocess.Preprocessing`,
+  which the runtime replays on raw text);
+* ``bpe.codes``: the preprocessing's subword-nmt codes, when it has them.
+
+The preprocessing is ``DATA-BIN/preprocess.json`` (``examples/multi30k/prepare.py`` writes it) when
+there is one; ``--tokenizer moses`` with ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
+``--[no-]normalize-punctuation``, ``--[no-]aggressive-dash-splits``, ... changes it, or gives it when
+there is none.
 
 Each graph's metadata holds its vocabulary size (``vocab_size``: the source's in the encoder, the
 target's in the pass), which the runtime checks against the vocabulary files.
@@ -45,9 +54,10 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
 from .fast_decoder import cacheable
-from .runtime.files import ENCODER, FORMAT_VERSION, PASS, SETTINGS, VOCABS, file_digests
+from .runtime.files import BPE_CODES, CHECKED, ENCODER, FORMAT_VERSION, PASS, SETTINGS, VOCABS, file_digests
 
 logger = logging.getLogger(__name__)
 
@@ -380,24 +390,44 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> 
     }
 
 
-def export(path: Path, data: Path, out: Path, int8: bool = False,
-           config: Optional[DecodingConfig] = None) -> Path:
-    """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``."""
+def recorded_preprocessing(data: Path) -> Optional[P.Preprocessing]:
+    """``data``'s ``preprocess.json``, if it has one."""
+    return P.read_record(data / P.RECORD) if (data / P.RECORD).is_file() else None
+
+
+def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
+           preprocessing: Optional[P.Preprocessing] = None) -> Path:
+    """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
+    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any)."""
+    preprocessing = preprocessing or recorded_preprocessing(data)
+    if preprocessing is not None:
+        P.load(preprocessing)  # its codes checked before the model is loaded
     model, task = load(path, data)
-    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config)
+    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
-                 config: Optional[DecodingConfig] = None) -> Path:
-    """Export a loaded insertion model with its fairseq dictionaries into ``out``."""
+                 config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None) -> Path:
+    """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
+    raw text was prepared for it (recorded, its codes copied), if known."""
     config = config or DecodingConfig()
+    if preprocessing is not None:
+        P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out)
     if int8:
         quantize(out)
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
-    values = {**settings(model, src_dict, tgt_dict, config, int8), "files": file_digests(out)}
+    (out / BPE_CODES).unlink(missing_ok=True)
+    values, names = settings(model, src_dict, tgt_dict, config, int8), CHECKED
+    if preprocessing is not None:
+        codes = preprocessing.bpe_codes and BPE_CODES
+        if codes:
+            shutil.copyfile(preprocessing.bpe_codes, out / codes)
+            names = (*CHECKED, codes)
+        values["preprocessing"] = preprocessing.record(codes)
+    values["files"] = file_digests(out, names)
     (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return out
 
@@ -410,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--int8", action="store_true", help="int8 weights (onnxruntime dynamic quantization)")
     add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
+    P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
+                    f"--data's {P.RECORD} when it has one")
     return p
 
 
@@ -418,8 +450,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     given = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
     try:
         config = DecodingConfig(**given)
-        out = export(args.path, args.data, args.out, args.int8, config)
-    except (ExportError, DecodingError) as exc:
+        recorded = recorded_preprocessing(args.data)
+        preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
+        out = export(args.path, args.data, args.out, args.int8, config, preprocessing)
+    except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2
     print(f"exported to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")

@@ -232,11 +232,10 @@ def from_arguments(args: argparse.Namespace, recorded: Optional[Preprocessing], 
     if args.tokenizer is None:
         if given:
             flag = next(f for f, (field, _) in OPTIONS.items() if field in given)
-            raise PreprocessError(f"{flag} is used with --tokenizer moses (raw text); without it the text is "
-                                  "already BPE'd")
+            raise PreprocessError(f"{flag} is used with --tokenizer moses (raw text)")
         return None
     if "bpe_codes" not in given and (recorded is None or recorded.bpe_codes is None):
-        raise PreprocessError(f"--tokenizer moses needs --bpe-codes ({where} records no preprocessing)")
+        raise PreprocessError(f"--tokenizer moses needs --bpe-codes when {where} records none")
     for flag, (field, _) in OPTIONS.items():
         problem = _problem(field, given.get(field))
         if field in given and problem:

@@ -17,11 +17,16 @@ length limit or after the iteration bound. Its options are the fields of
 ``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``), their defaults those the model was
 exported with.
 
+``translator.translate_text(["A dog runs."])`` translates raw lines: each prepared as the model's
+training data was (the export's recorded preprocessing, :mod:`fairseq_insertion.preprocess`), the
+outputs detokenised.
+
 An export is checked when it is loaded (:mod:`fairseq_insertion.runtime.files`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
 :class:`TranslatorError` naming the file and key, or the argument.
 
-This package imports numpy and onnxruntime only: no torch and no fairseq run here.
+This package imports numpy and onnxruntime only (and, for raw text, sacremoses and subword-nmt): no
+torch and no fairseq run here.
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..preprocess import PreprocessError, Preprocessing, detokenize, prepare_line
 from . import canvas as C
 from . import files as F
 from .files import TranslatorError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RUNTIME_OPTIONS", "TranslatorError", "TranslationResult", "Translator"]
+__all__ = ["RUNTIME_OPTIONS", "Preprocessing", "TranslatorError", "TranslationResult", "Translator"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,10 @@ class Translator:
         self.model_dir = Path(model_dir)
         F.check_present(self.model_dir)
         self.settings = F.read_settings(self.model_dir)
-        F.check_digests(self.model_dir, self.settings)
+        self.preprocessing = F.check_preprocessing(self.settings, self.model_dir)
+        """How raw text was prepared for the model (the export's record), or None."""
+        codes = self.preprocessing.bpe_codes if self.preprocessing else None
+        F.check_digests(self.model_dir, self.settings, [Path(codes).name] if codes else [])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
         settings_path = self.model_dir / F.SETTINGS
@@ -172,6 +181,27 @@ class Translator:
         opts = self.options(**options)
         ids = [self.encode(tokens) for tokens in source]
         return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts)]
+
+    def translate_text(self, lines: Sequence[str], max_batch_size: int = 0,
+                       preprocessing: Optional[Preprocessing] = None, **options: Any) -> List[str]:
+        """Translate raw lines: each prepared as the training data was (:func:`~fairseq_insertion.preprocess.
+        prepare_line` with ``preprocessing``, default the export's record), its best hypothesis
+        detokenised (BPE joins removed, Moses-detokenised in the target language); an empty line, or one
+        that tokenises to nothing, gives an empty string. Needs sacremoses and subword-nmt."""
+        if isinstance(lines, str) or not isinstance(lines, (list, tuple)) or \
+                not all(isinstance(line, str) for line in lines):
+            raise TranslatorError(f"lines: expected a list of str lines, got {type(lines).__name__}"
+                                  + (f" {lines[:40]!r}" if isinstance(lines, str) else ""))
+        settings = preprocessing or self.preprocessing
+        if settings is None:
+            raise TranslatorError(f"{self.model_dir / F.SETTINGS}: records no preprocessing (export with "
+                                  "--tokenizer moses ... or pass preprocessing=Preprocessing(...))")
+        try:
+            source = [prepare_line(line, settings).split() for line in lines]
+            results = self.translate_batch(source, max_batch_size, **options)
+            return [detokenize(r.hypotheses[0], settings) for r in results]
+        except PreprocessError as exc:
+            raise TranslatorError(str(exc)) from None
 
     def options(self, **options: Any) -> Options:
         """The options of a call: the export's, with ``options`` (DecodingConfig's field names) applied."""

@@ -1,12 +1,14 @@
 """Translate with an exported insertion model, one output line per input line, in order.
 
     python -m fairseq_insertion.runtime translate DIR [--input FILE] [--batch-size N] [--threads N] \\
-        [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT] [decoding options]
+        [--tokenizer moses [--bpe-codes CODES --source-lang SRC --target-lang TGT ...]] [decoding options]
 
 Input lines are the model's subword pieces (BPE'd text), output lines the same; with
-``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer moses --bpe-codes
-CODES`` the input is raw text (Moses-tokenised, then BPE'd with subword-nmt) and the output is
-detokenised text. The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
+``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer moses`` the input is
+raw text, prepared as the model's training data was (the preprocessing the export recorded, each of
+its settings changed by the options given: ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
+``--[no-]normalize-punctuation``, ...; an export that records none needs ``--bpe-codes``), and the
+output is detokenised text. The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
 skipped, an invalid byte read as U+FFFD with a warning) and translated --batch-size lines at a
 time, each batch's lines written and flushed before the next is read; the output is UTF-8
 whatever the locale. An empty line, one that tokenises to nothing, or one the model cannot take
@@ -29,8 +31,10 @@ from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional,
 
 import numpy as np
 
+from .. import preprocess as P
 from ..config import DecodingError, add_runtime_arguments
 from . import RUNTIME_OPTIONS, Options, Translator, TranslatorError
+from .files import SETTINGS
 
 logger = logging.getLogger("fairseq_insertion.runtime")
 PROG = "python -m fairseq_insertion.runtime"
@@ -61,41 +65,16 @@ def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
         first += len(batch)
 
 
-def text_pipeline(args: argparse.Namespace) -> Tuple[Encode, Decode]:
-    """How a line becomes source pieces, and target pieces an output line."""
-    if args.tokenizer == "moses":
-        try:
-            from sacremoses import MosesDetokenizer, MosesTokenizer
-            from subword_nmt.apply_bpe import BPE
-        except ImportError as exc:
-            raise TranslatorError(f"--tokenizer moses needs sacremoses and subword-nmt ({exc}): "
-                                  "pip install sacremoses subword-nmt") from None
-
-        bpe = read_bpe_codes(BPE, args.bpe_codes)
-        tok, detok = MosesTokenizer(args.source_lang), MosesDetokenizer(args.target_lang)
-
-        def encode(line: str) -> List[str]:  # fairseq's moses tokenizer and subword_nmt bpe
-            words = tok.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=False)
-            return bpe.process_line(words).split()
-
-        def decode(pieces: List[str]) -> str:
-            return detok.detokenize((" ".join(pieces) + " ").replace("@@ ", "").split())
-
-        return encode, decode
+def text_pipeline(args: argparse.Namespace, translator: Translator) -> Tuple[Encode, Decode]:
+    """How a line becomes source pieces, and target pieces an output line: with ``--tokenizer moses``, the
+    export's recorded preprocessing with the options given applied (its codes read before any line)."""
+    settings = P.from_arguments(args, translator.preprocessing, str(translator.model_dir / SETTINGS))
+    if settings is not None:
+        P.load(settings)
+        return (lambda line: P.prepare_line(line, settings).split()), (lambda pieces: P.detokenize(pieces, settings))
     if args.post_process == "subword_nmt":
         return str.split, lambda pieces: (" ".join(pieces) + " ").replace("@@ ", "").rstrip()
     return str.split, " ".join
-
-
-def read_bpe_codes(bpe_class: type, path: str) -> object:
-    """subword-nmt's BPE of a codes file (which it reports on standard error and exits on when invalid)."""
-    with open(path, encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()) as said:
-        try:
-            return bpe_class(codes, separator="@@")
-        except (SystemExit, UnicodeDecodeError, ValueError):
-            pass
-    reason = " ".join(said.getvalue().split())
-    raise TranslatorError(f"{path}: not subword-nmt BPE codes ({reason or 'unreadable'})")
 
 
 def translate(args: argparse.Namespace, out: TextIO) -> int:
@@ -103,7 +82,7 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
     options = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
     translator = Translator(args.model_dir, intra_threads=args.threads)
     opts = translator.options(**options)
-    encode, decode = text_pipeline(args)
+    encode, decode = text_pipeline(args, translator)
     name = "standard input" if args.input == "-" else args.input
     with open_input(args.input) as stream:
         for first, lines in batches(read_lines(stream, name), args.batch_size):
@@ -142,10 +121,11 @@ def translate_lines(translator: Translator, opts: Options, lines: List[str], fir
 
 def check_arguments(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with a combination of arguments, if anything."""
-    if args.tokenizer == "moses" and not args.bpe_codes:
-        return "--tokenizer moses needs --bpe-codes"
-    if args.bpe_codes and args.tokenizer != "moses":
-        return "--bpe-codes is used with --tokenizer moses (raw text in); without it the input is already BPE'd"
+    if args.tokenizer is None:
+        try:
+            P.from_arguments(args, None, "")  # an option of raw text without --tokenizer moses
+        except P.PreprocessError as exc:
+            return str(exc)
     if args.tokenizer == "moses" and args.post_process != "none":
         return "--post-process applies to subword pieces out; with --tokenizer moses the output is detokenised text"
     if args.batch_size < 1:
@@ -184,10 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--input", default="-", help="input file (default: standard input)")
     t.add_argument("--batch-size", type=int, default=32, help="sentences decoded together (default 32)")
     t.add_argument("--threads", type=int, default=1, help="threads per pass (0: all cores; default 1)")
-    t.add_argument("--tokenizer", choices=("moses",), default=None, help="raw text in and out (needs --bpe-codes)")
-    t.add_argument("--bpe-codes", default=None, help="subword-nmt codes of the model (with --tokenizer moses)")
-    t.add_argument("--source-lang", default="en", help="Moses tokeniser language (default en)")
-    t.add_argument("--target-lang", default="de", help="Moses detokeniser language (default de)")
+    P.add_arguments(t.add_argument_group("raw text in and out"), "the export's record")
     t.add_argument("--post-process", choices=("none", "subword_nmt"), default="none",
                    help="subword_nmt: undo the @@ joins of the output pieces (default: none)")
     add_runtime_arguments(t.add_argument_group("decoding (default: the export's; --no-X switches X off)"))
@@ -216,7 +193,7 @@ def run(args: argparse.Namespace) -> Optional[str]:
         quiet_stdout()
     except DecodingError as exc:
         return exc.command_line()
-    except TranslatorError as exc:
+    except (TranslatorError, P.PreprocessError) as exc:
         return str(exc)
     except OSError as exc:
         return f"{exc.filename or 'standard output'}: {exc.strerror}"

@@ -5,7 +5,8 @@ loads them through this module, which refuses, naming the file and (in ``setting
 a missing or empty file; a file whose size or sha256 differs from the one ``settings.json``
 records (exports written before the export recorded them have no such record and are not
 checked this way); ``settings.json`` that is not JSON, lacks a key, has a key of the wrong type or
-out of its range, or an unknown key under ``decoding``; a vocabulary file that is not UTF-8 or is
+out of its range, or an unknown key under ``decoding`` or ``preprocessing``; a ``preprocessing`` record
+whose codes file is not a file of the export; a vocabulary file that is not UTF-8 or is
 cut short; a graph onnxruntime cannot load, whose inputs and outputs are not the export's, or whose
 vocabulary size (the graph's metadata) or decoder layers differ from the vocabulary files' and
 settings'. Standard library only (the graphs are read by the caller's onnxruntime sessions).
@@ -16,14 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
+from ..preprocess import PreprocessError, Preprocessing
 
 FORMAT_VERSION = 1
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
+BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
@@ -47,10 +50,10 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_digests(model_dir: Path) -> Dict[str, Dict[str, Any]]:
+def file_digests(model_dir: Path, names: Sequence[str] = CHECKED) -> Dict[str, Dict[str, Any]]:
     """The size in bytes and the sha256 of every file settings.json records (``files``)."""
     return {name: {"bytes": (model_dir / name).stat().st_size, "sha256": sha256(model_dir / name)}
-            for name in CHECKED}
+            for name in names}
 
 
 # ---------------------------------------------------------------- files
@@ -83,15 +86,17 @@ def read_settings(model_dir: Path) -> Dict[str, Any]:
     return values
 
 
-def check_digests(model_dir: Path, settings: Mapping[str, Any]) -> None:
-    """Each file's size and sha256 against ``files`` in settings.json (when the export recorded them)."""
+def check_digests(model_dir: Path, settings: Mapping[str, Any], extra: Sequence[str] = ()) -> None:
+    """Each file's size and sha256 against ``files`` in settings.json (when the export recorded them);
+    ``extra``: the files besides the graphs and vocabularies (a recorded preprocessing's codes)."""
     files = settings.get("files")
     if files is None:
         return
     where = Where(model_dir / SETTINGS)
+    names = (*CHECKED, *extra)
     where.expect(isinstance(files, dict), "files", "must be an object")
-    where.expect(set(files) == set(CHECKED), "files", f"must name {list(CHECKED)}, got {sorted(files)}")
-    for name in CHECKED:
+    where.expect(set(files) == set(names), "files", f"must name {list(names)}, got {sorted(files)}")
+    for name in names:
         record = files[name]
         where.expect(isinstance(record, dict), f"files.{name}", "must be an object")
         size, digest = record.get("bytes"), record.get("sha256")
@@ -104,6 +109,27 @@ def check_digests(model_dir: Path, settings: Mapping[str, Any]) -> None:
         if sha256(model_dir / name) != digest:
             raise TranslatorError(f"{model_dir / name}: its sha256 differs from the export's (changed or "
                                   "corrupt: export again)")
+
+
+def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optional[Preprocessing]:
+    """``preprocessing``: how raw text was prepared for the model (none when the key is absent), its keys
+    checked, its codes a file of the export (``bpe_codes``, as the export names it), there and not empty;
+    returned with the codes' path in ``model_dir``."""
+    if settings.get("preprocessing") is None:
+        return None
+    path = model_dir / SETTINGS
+    try:
+        record = Preprocessing.from_record(settings["preprocessing"], str(path), "preprocessing.")
+    except PreprocessError as exc:
+        raise TranslatorError(str(exc)) from None
+    codes = record.bpe_codes
+    if codes is not None:
+        Where(path).expect(Path(codes).name == codes and codes not in ("", ".", ".."), "preprocessing.bpe_codes",
+                           f"must name a file of the export, got {codes!r}")
+        if not (model_dir / codes).is_file() or (model_dir / codes).stat().st_size == 0:
+            raise TranslatorError(f"{model_dir / codes}: missing or empty ({path} records it as "
+                                  "preprocessing.bpe_codes: export again)")
+    return record.under(model_dir)
 
 
 def read_vocab(path: Path) -> List[str]:
