@@ -426,7 +426,7 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
         if codes:
             shutil.copyfile(preprocessing.bpe_codes, out / codes)
             names = (*CHECKED, codes)
-        values["preprocessing"] = preprocessing.record(codes)
+        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=codes).record()
     values["files"] = file_digests(out, names)
     (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return out

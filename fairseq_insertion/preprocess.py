@@ -58,9 +58,9 @@ class Preprocessing:
     bpe: str = "subword_nmt"
     bpe_separator: str = "@@"
 
-    def record(self, bpe_codes: Optional[str] = None) -> Dict[str, Any]:
-        """The JSON record, its ``bpe_codes`` written as ``bpe_codes`` (a path relative to the record)."""
-        return {**dataclasses.asdict(self), "bpe_codes": bpe_codes if self.bpe_codes else None}
+    def record(self) -> Dict[str, Any]:
+        """The settings as a JSON object (``preprocess.json``, ``settings.json``'s ``preprocessing``)."""
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_record(cls, values: Any, where: str, prefix: str = "") -> "Preprocessing":
@@ -105,7 +105,8 @@ def _problem(key: str, value: Any) -> str:
 def write_record(path: Path, settings: Preprocessing) -> None:
     """``settings`` as a JSON file (``preprocess.json``), its codes path relative to the file's directory."""
     codes = settings.bpe_codes and os.path.relpath(Path(settings.bpe_codes).resolve(), Path(path).parent.resolve())
-    Path(path).write_text(json.dumps(settings.record(codes), indent=2) + "\n", encoding="utf-8")
+    record = dataclasses.replace(settings, bpe_codes=codes).record()
+    Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def read_record(path: Path) -> Preprocessing:

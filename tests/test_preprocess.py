@@ -101,6 +101,14 @@ def test_prepare_line_and_detokenize(tmp_path):
     assert detokenize(["Ein@@", "e", "&amp;"], Preprocessing(escape=True, bpe_codes="x")) == "Eine &"
 
 
+def test_it_runs_without_torch_or_fairseq(tmp_path):
+    code = ("import sys\nfor m in ('torch', 'fairseq'): sys.modules[m] = None\n"
+            "from fairseq_insertion.preprocess import Preprocessing, prepare_line\n"
+            f"print(prepare_line('A father-figure.', Preprocessing(bpe_codes={str(codes(tmp_path))!r})))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout == "A fath@@ e@@ r@@ -@@ f@@ i@@ g@@ u@@ r@@ e .\n", proc.stderr
+
+
 def test_a_record_round_trips_with_its_codes_relative(tmp_path):
     (tmp_path / "data-bin").mkdir()
     settings = Preprocessing(source_lang="fr", target_lang="en", bpe_codes=str(codes(tmp_path)), lowercase=True)
@@ -223,8 +231,7 @@ def test_the_export_records_the_data_bins_preprocessing(prepared, exported):
     from fairseq_insertion.runtime.files import sha256
 
     values = json.loads((exported / "settings.json").read_text(encoding="utf-8"))
-    assert values["preprocessing"] == {**Preprocessing(source_lang="en", target_lang="de").record(),
-                                       "bpe_codes": "bpe.codes"}
+    assert values["preprocessing"] == Preprocessing(source_lang="en", target_lang="de", bpe_codes="bpe.codes").record()
     assert (exported / "bpe.codes").read_bytes() == (prepared / "bpe.codes").read_bytes()
     assert values["files"]["bpe.codes"] == {"bytes": (exported / "bpe.codes").stat().st_size,
                                             "sha256": sha256(prepared / "bpe.codes")}
@@ -288,9 +295,9 @@ def test_options_given_to_the_export_are_recorded(prepared, model, tmp_path):
         assert E.main(["--path", "p", "--data", str(tmp_path / "bin"), "--out", str(tmp_path / "c")]) == 0
     record = {name: json.loads((tmp_path / name / "settings.json").read_text()).get("preprocessing")
               for name in "abc"}
-    assert record["a"] == {**Preprocessing(source_lang="fr", target_lang="en", normalize_punctuation=False).record(),
-                           "bpe_codes": "bpe.codes"}
-    assert record["b"] == {**Preprocessing(lowercase=True).record(), "bpe_codes": "bpe.codes"}
+    assert record["a"] == Preprocessing(source_lang="fr", target_lang="en", normalize_punctuation=False,
+                                        bpe_codes="bpe.codes").record()
+    assert record["b"] == Preprocessing(lowercase=True, bpe_codes="bpe.codes").record()
     assert record["c"] is None and not (tmp_path / "c" / "bpe.codes").exists()
 
 
