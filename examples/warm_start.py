@@ -199,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distilled", type=Path, default=None,
                    help="an existing distillation (data-bin, same dictionaries); default: distil into OUT/distilled")
     p.add_argument("--distill-select", choices=steps.DISTILL_SELECT, default="closest",
-                   help="the distilled target of each training sentence: of the teacher's beam-5 candidates, the one "
-                   "nearest the reference by sentence BLEU (closest, the default: on Multi30k en-de, +0.6 test BLEU "
-                   "over top for the same continued model, two seeds) or the teacher's best (top)")
+                   help="the distilled target of each training sentence, of the teacher's beam-5 candidates: the "
+                   "one nearest the reference by sentence BLEU (closest, the default) or the teacher's best (top); "
+                   "on Multi30k en-de, continued models on closest scored 0.48 BLEU higher on test (mean of two "
+                   "seeds; valid +0.05)")
     p.add_argument("--out", type=Path, required=True, help="work and results directory (finished steps are reused)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     g = p.add_argument_group("fine-tuning (the settled recipe)")
