@@ -25,6 +25,8 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import loop as L
+
 ORDERS = ("left_to_right", "binary_tree", "uniform")
 TERMINATIONS = ("slot", "sequence")
 
@@ -124,21 +126,14 @@ def gather_canvas(target: Tensor, keep: Tensor, pad: int) -> Tuple[Tensor, Tenso
 
 
 def frame(canvas: Tensor, lengths: Tensor, bos: int, eos: int, pad: int) -> Tensor:
-    """Add the boundary markers: [bos] canvas [eos], right-padded.
-
-    canvas: (B, K). Returns (B, K + 2); slot ``l`` lies between columns l and l+1.
-    """
-    B, K = canvas.shape
-    out = canvas.new_full((B, K + 2), pad)
-    out[:, 0] = bos
-    out[:, 1 : K + 1] = canvas
-    out.scatter_(1, (lengths + 1).unsqueeze(1), eos)
-    return out
+    """[bos] canvas [eos], right-padded: (B, K) -> (B, K + 2); slot ``l`` lies between columns l and l+1
+    (:func:`fairseq_insertion.loop.frame`)."""
+    return L.frame(TORCH, canvas, lengths, bos, eos, pad)
 
 
 def slot_mask(lengths: Tensor, num_slots: int) -> Tensor:
     """(B, S) True for the ``k + 1`` real slots of each canvas."""
-    return torch.arange(num_slots, device=lengths.device).unsqueeze(0) <= lengths.unsqueeze(1)
+    return L.slot_mask(TORCH, lengths, num_slots)
 
 
 # ----------------------------------------------------------------------------
@@ -278,52 +273,21 @@ def insertion_loss(
 # Applying insertions (paper: "Inference")
 # ----------------------------------------------------------------------------
 def insertion_destinations(lengths: Tensor, insert_mask: Tensor, num_tokens: int, width: int) -> Tensor:
-    """Where every canvas token and every slot value lands after the insertions.
-
-    lengths: (B,); insert_mask: (B, S), slots beyond a canvas's ``k + 1`` must
-    be False; num_tokens: K, the canvas width; width: W, at least the longest
-    new canvas. Returns (B, K + S): the new column of canvas token j (first K
-    columns) and of slot l's value (last S columns); ``W`` for the ones that do
-    not land (padding tokens, slots without an insertion). Computed once per
-    decoding step and applied to every per-token tensor with :func:`place`.
-    """
-    B, S = insert_mask.shape
-    ins = insert_mask.long()
-    before = ins.cumsum(1)  # (B, S) inserts in slots 0..l
-    # existing token j moves right by the inserts in slots 0..j
-    j = torch.arange(num_tokens, device=lengths.device).unsqueeze(0)
-    tok_pos = torch.where(j < lengths.unsqueeze(1), j + before[:, :num_tokens], width)  # (B, K)
-    # a token inserted in slot l lands after the l existing tokens and the earlier inserts
-    l_idx = torch.arange(S, device=lengths.device).unsqueeze(0)
-    ins_pos = torch.where(insert_mask, l_idx + before - ins, width)  # (B, S)
-    return torch.cat([tok_pos, ins_pos], 1)
+    """Where every canvas token and every slot value lands after the insertions (B, K + S): see
+    :func:`fairseq_insertion.loop.insertion_destinations`."""
+    return L.insertion_destinations(TORCH, lengths, insert_mask, num_tokens, width)
 
 
 def place(destinations: Tensor, canvas: Tensor, slot_values: Tensor, width: int, pad) -> Tensor:
-    """Apply :func:`insertion_destinations` to one per-token tensor.
-
-    canvas: (B, K) tokens or any per-token value (scores, flags); slot_values:
-    (B, S) the value inserted into each slot. Returns (B, W), ``pad`` after
-    each row's new length.
-    """
-    out = canvas.new_full((canvas.size(0), width + 1), pad)  # one spare column catches what does not land
-    out.scatter_(1, destinations, torch.cat([canvas, slot_values.to(canvas.dtype)], 1))
-    return out[:, :width]
+    """Apply :func:`insertion_destinations` to one per-token tensor: (B, K) and (B, S) -> (B, W)."""
+    return L.place(TORCH, destinations, canvas, slot_values, width, pad)
 
 
 def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Tensor, pad) -> Tuple[Tensor, Tensor]:
-    """Insert ``slot_tokens[l]`` into every slot ``l`` where ``insert_mask``.
-
-    canvas: (B, K) (tokens, or any per-token value such as scores);
-    lengths: (B,); slot_tokens, insert_mask: (B, S) with S >= K + 1 allowed
-    (slots beyond a canvas's k + 1 must be False). Returns the new canvas
-    (B, K') trimmed to the longest row, and new lengths. Serves both parallel
-    decoding (many slots) and greedy decoding (one slot).
-    """
-    new_lengths = lengths + insert_mask.long().sum(1)
-    width = int(new_lengths.max()) if canvas.size(0) > 0 else 0
-    dest = insertion_destinations(lengths, insert_mask, canvas.size(1), width)
-    return place(dest, canvas, slot_tokens, width, pad), new_lengths
+    """Insert ``slot_tokens[l]`` into every slot ``l`` where ``insert_mask`` (B, S), S >= K + 1 allowed
+    (slots beyond a canvas's k + 1 must be False): the new canvas (B, K') trimmed to the longest row,
+    and the new lengths. Serves parallel decoding (many slots) and greedy decoding (one slot)."""
+    return L.insert(TORCH, canvas, lengths, slot_tokens, insert_mask, pad)
 
 
 # ----------------------------------------------------------------------------
@@ -404,11 +368,8 @@ def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
 
 
 def closed_slots(closed_before: Tensor, closed_end: Tensor, lengths: Tensor, num_slots: int) -> Tensor:
-    """(B, S) True at the closed slots: slot l < k is the slot before token l,
-    slot k the last one. closed_before: (B, K) with K < S; closed_end: (B,)."""
-    B, K = closed_before.shape
-    closed = torch.nn.functional.pad(closed_before, (0, num_slots - K), value=False)  # (B, S)
-    return closed.scatter(1, lengths.unsqueeze(1), closed_end.unsqueeze(1))
+    """(B, S) True at the closed slots: slot l < k is the slot before token l, slot k the last one."""
+    return L.closed_slots(TORCH, closed_before, closed_end, lengths, num_slots)
 
 
 def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
@@ -446,82 +407,69 @@ def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------
-# Repetition (decoding): tokens a slot may not receive
+# Decoding: the loop's canvas rules (fairseq_insertion.loop) on torch tensors
 # ----------------------------------------------------------------------------
 def repeated_tokens(framed: Tensor, ngram: int, neighbours: bool, special: Tuple[int, ...], pad: int) -> Tensor:
-    """Per slot, the tokens whose insertion would repeat part of the canvas.
-
-    framed: (B, T+2) ``[bos] canvas [eos]``, right-padded with ``pad``; slot ``l``
-    lies between columns l and l+1 (S = T+1 slots).
-
-    * neighbours: a copy of either neighbour of the slot (``a a b`` from ``a b``);
-    * ngram n >= 2: a token c such that an n-gram of the canvas after inserting c
-      into slot l, one that contains c, already occurs in the canvas (framed, so
-      bos/eos count as context) and survives the insertion. n-grams that span
-      slot l (hold both its neighbours) are broken by the insertion and not
-      counted. Insertions into other slots of the same pass are not taken into
-      account (each slot is judged against the current canvas).
-
-    Tokens in ``special`` (bos, eos: end-of-slot) are never returned. Returns
-    (B, S, M) token ids, ``pad`` where a column holds nothing (M = 0 when both
-    rules are off).
-    """
-    B, W = framed.shape
-    S = W - 1
-    columns = []  # (B, S, *) each
-    if neighbours:
-        columns.append(torch.stack([framed[:, :-1], framed[:, 1:]], -1))  # (B, S, 2)
-    n = int(ngram)
-    if n >= 2 and W >= n:
-        real = framed.ne(pad)
-        # contexts: real tokens, -1 outside the framed canvas; windows: -2 at padding (never matches)
-        ctx = torch.nn.functional.pad(framed.masked_fill(~real, -1), (n - 1, n - 1), value=-1)  # (B, W+2n-2)
-        ctx_win = ctx.unfold(1, n - 1, 1)  # (B, W+n-1, n-1): n-1 columns from each start
-        win = framed.masked_fill(~real, -2).unfold(1, n, 1)  # (B, J, n), window j holds columns j..j+n-1
-        J = win.size(1)
-        slot = torch.arange(S, device=framed.device)
-        start = torch.arange(J, device=framed.device)
-        # window j spans slot l (holds columns l and l+1) when l-n+2 <= j <= l
-        spans = (start.unsqueeze(0) <= slot.unsqueeze(1)) & (start.unsqueeze(0) >= slot.unsqueeze(1) - n + 2)  # (S, J)
-        for i in range(n):  # c at offset i of the n-gram: i tokens left of the slot, n-1-i right of it
-            context = ctx_win[:, slot - i + n]  # (B, S, n-1): framed columns l-i+1 .. l+n-1-i
-            rest = torch.cat([win[..., :i], win[..., i + 1:]], -1)  # (B, J, n-1)
-            match = (context.unsqueeze(2) == rest.unsqueeze(1)).all(-1) & ~spans  # (B, S, J)
-            columns.append(torch.where(match, win[..., i].unsqueeze(1), pad))  # (B, S, J)
-    if not columns:
-        return framed.new_full((B, S, 0), pad)
-    out = torch.cat(columns, -1)  # (B, S, M)
-    never = out.lt(0)
-    for s in special:
-        never |= out.eq(s)
-    return out.masked_fill(never, pad)
+    """Per slot, the tokens whose insertion would repeat part of the canvas (B, S, M): see
+    :func:`fairseq_insertion.loop.repeated_tokens`."""
+    return L.repeated_tokens(TORCH, framed, ngram, neighbours, special, pad)
 
 
-# ----------------------------------------------------------------------------
-# Word edges of constraints (decoding): constraint tokens stay whole words
-# ----------------------------------------------------------------------------
 def word_edge_slots(framed: Tensor, given: Tensor, joins_next: Tensor, eos: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """Per slot, what the word-edge rule forbids next to the given (constraint) tokens.
+    """(no_next, no_prev, no_end), (B, S) each: what the word-edge rule forbids next to the given
+    (constraint) tokens (see :func:`fairseq_insertion.loop.word_edge_slots`)."""
+    return L.word_edge_slots(TORCH, framed, given, joins_next, eos)
 
-    framed: (B, K+2) ``[bos] canvas [eos]``, right-padded; slot ``l`` lies between
-    columns l and l+1. given: (B, K) the canvas tokens that are constraint tokens.
-    joins_next: (V,) bool, the vocabulary entries that form one word with the
-    token after them (subword-nmt's ``x@@``), False for the special symbols.
 
-    Returns three (B, S) bool tensors (S = K+1), to be read at the open slots only:
+class TorchOps:
+    """:class:`fairseq_insertion.loop.Ops` for torch tensors (the PyTorch generator), on their device."""
 
-    * no_next: the slot may not receive a token that joins the next one: the slot
-      right before a constraint token, and a slot that must complete a word;
-    * no_prev: the slot may not receive a token that joins the previous one: the
-      slot right after a constraint token;
-    * no_end: the slot may not choose end-of-slot: it must complete a word, because
-      its left neighbour is a constraint token that continues into the next token
-      (``schö@@``) and its right neighbour is end-of-sentence or a constraint token.
-      Filled with a token that does not join the next, such a slot is done: its
-      new slots need nothing more.
-    """
-    gf = torch.nn.functional.pad(given, (1, 1), value=False)  # (B, K+2), bos and eos are not given
-    left_given, right_given = gf[:, :-1], gf[:, 1:]  # (B, S)
-    left_joins = joins_next[framed[:, :-1]]  # (B, S)
-    complete = left_given & left_joins & (right_given | framed[:, 1:].eq(eos))
-    return right_given | complete, left_given, complete
+    _DTYPES = {"bool": torch.bool, "long": torch.long, "float": torch.float32}
+
+    def arange(self, n: int, like: Tensor) -> Tensor:
+        return torch.arange(n, device=like.device)
+
+    def full(self, shape, value, like: Tensor, dtype=None) -> Tensor:
+        return torch.full(shape, value, dtype=self._DTYPES[dtype] if dtype else like.dtype, device=like.device)
+
+    def where(self, cond, a, b) -> Tensor:
+        return torch.where(cond, a, b)
+
+    def concat(self, arrays, axis: int) -> Tensor:
+        return torch.cat(list(arrays), axis)
+
+    def argsort(self, x: Tensor, descending: bool = False) -> Tensor:
+        return x.argsort(dim=-1, descending=descending, stable=True)
+
+    def long(self, x: Tensor) -> Tensor:
+        return x.long()
+
+    def cast(self, x: Tensor, like: Tensor) -> Tensor:
+        return x.to(like.dtype)
+
+    def put(self, out: Tensor, index: Tensor, values) -> Tensor:
+        return out.scatter_(1, index, values)
+
+    def gather(self, x: Tensor, index: Tensor) -> Tensor:
+        return x.gather(1, index)
+
+    def masked_put(self, mask: Tensor, values: Tensor, fill) -> Tensor:
+        return torch.full(mask.shape, fill, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+    def amax(self, x: Tensor, axis: int) -> Tensor:
+        return x.amax(axis)
+
+    def permute(self, x: Tensor, dims) -> Tensor:
+        return x.permute(dims)
+
+    def asarray(self, x, like: Tensor) -> Tensor:
+        return torch.as_tensor(x, device=like.device)
+
+    def host(self, *scalars: Tensor):
+        return torch.stack(list(scalars)).tolist()
+
+    def might(self, cond: Tensor) -> bool:
+        return True  # knowing would cost a round trip to the device
+
+
+TORCH = TorchOps()

@@ -1,14 +1,16 @@
 """Greedy and parallel insertion decoding (paper: "Inference").
 
-The loop starts from the empty canvas ``[bos, eos]`` (or, with hard
+The loop (:func:`fairseq_insertion.loop.run`, shared with the deployment
+runtime) starts from the empty canvas ``[bos, eos]`` (or, with hard
 constraints, from a canvas that holds them, with the slots inside a constraint
 closed: see :func:`canvas.constraint_canvas`) and repeats one step per pass:
 
 * predict: the model scores the open slots of every active canvas
-  (:meth:`InsertionGenerator._predict`), reusing the encoder's keys and values;
-* choose: one decoding rule picks the insertions (:func:`parallel_step`,
-  :func:`greedy_slot_step`, :func:`greedy_sequence_step`), chosen once;
-* insert: :func:`canvas.insertion_destinations` moves every per-token tensor at once;
+  (:meth:`InsertionGenerator._predict`, the torch side), reusing the encoder's keys and values;
+* choose: one step rule picks the insertions (:class:`~fairseq_insertion.loop.ParallelStep`,
+  :class:`~fairseq_insertion.loop.GreedySlotStep`, :class:`~fairseq_insertion.loop.GreedySequenceStep`),
+  chosen once;
+* insert: :func:`fairseq_insertion.loop.insertion_destinations` moves every per-token tensor at once;
 * stop: a sentence leaves the batch when no slot inserts anything (every open
   slot picks end-of-slot), when its canvas reaches the length limit, or after
   the iteration bound.
@@ -22,23 +24,24 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol
 
 import torch
 from torch import Tensor
 
 from . import canvas as C
-from .canvas import InitialCanvas
+from . import loop as L
+from .canvas import TORCH, InitialCanvas
 from .decoding import (
     CONSTRAINT_ORDERS,
     DECODINGS,
     Canvases,
     DecodingConfig,
-    Insertions,
     SlotScores,
-    Step,
+    StepRule,
     WordEdges,
-    choose_step,
+    start_canvases,
 )
 
 logger = logging.getLogger(__name__)
@@ -61,13 +64,21 @@ class DecodeResult(NamedTuple):
     passes: int
 
 
-class Pass(NamedTuple):
-    """The state after one pass's insertions, and which rows go on."""
+@dataclass(frozen=True)
+class ModelBackend:
+    """The torch side of :func:`fairseq_insertion.loop.run`: one pass of the model over the open slots, and
+    the encoder cache following the sentences that go on."""
 
-    state: Canvases
-    keep: Tensor  # (A,)
-    n_keep: int
-    kept_width: int  # the longest kept canvas
+    generator: "InsertionGenerator"
+    model: Any
+    edges: Optional[WordEdges] = None
+    xp: Any = TORCH
+
+    def predict(self, state: Canvases, cache: Any) -> SlotScores:
+        return self.generator._predict(self.model, state, cache, self.edges)
+
+    def reorder(self, cache: Any, rows: Tensor) -> Any:
+        return self.model.reorder_decoding_cache(cache, rows)
 
 
 class InsertionGenerator:
@@ -178,7 +189,7 @@ class InsertionGenerator:
             init = init.emptied(too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
         termination = _termination(model)
-        step = choose_step(cfg.decoding, termination)
+        step = L.step_rule(TORCH, cfg.decoding, termination, self.eos)
         close_ended = cfg.close_ended_slots and termination == "slot"
         betas = cfg.betas
         n = len(betas)  # candidates per sentence: row c of sentence b is b n + c
@@ -222,68 +233,29 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, step: Step,
+    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, step: StepRule,
                 close_ended: bool, retain_history: bool, edges: Optional[WordEdges] = None) -> DecodeResult:
-        """The insertion loop from ``init``: predict, choose, insert, stop, with finished
-        sentences leaving the batch.
-
-        Closed slots never receive an insertion and count as finished (as if
-        they chose end-of-slot). ``edges``: keep the initial tokens (the
-        constraints) whole words. Returns the final canvases of all B rows (in
-        batch order) and the number of forward passes.
-        """
-        state = Canvases.start(init, max_len, eos_penalty, retain_history, word_edges=edges is not None)
-        B, K = state.tokens.shape
-        lengths = state.lengths
-        closed = C.closed_slots(state.closed_before, state.closed_end, lengths, K + 1)
-        start = (max_len > lengths) & (C.slot_mask(lengths, K + 1) & ~closed).any(1)  # (B,)
-        width, room, n_active, started_width = (torch.stack([
-            max_len.max(), (max_len - lengths).clamp(min=0).max(), start.sum(), (lengths * start).max()]).tolist()
-            if B else (0, 0, 0, 0))
-        out = state.widened(max(width, K), self.pad)  # the result, filled in as sentences finish
-        max_iter = self.config.max_iterations or room
-        state, cache = self._keep(model, state, cache, start, n_active, started_width)
-        passes = 0
-        for _ in range(max_iter + 1):
-            if n_active == 0:
-                break
-            scores = self._predict(model, state, cache, edges)
-            choice = step(scores, state.max_len - state.lengths, self.eos)
-            passes += 1
-            before = state.lengths
-            after = self._insert(state, scores, choice, max_iter, close_ended)
-            state = after.state
-            if state.history is not None:
-                self._record(state, state.lengths > before)
-            if after.n_keep < n_active:
-                out.store(state.take(after.keep.long().argsort(stable=True)[:n_active - after.n_keep]))  # finished
-                state, cache = self._keep(model, state, cache, after.keep, after.n_keep, after.kept_width)
-            n_active = after.n_keep
-        if n_active:
-            out.store(state)
+        """The insertion loop (:func:`fairseq_insertion.loop.run`) from ``init``. ``edges``: keep the
+        initial tokens (the constraints) whole words. Returns the final canvases of all B rows (in
+        batch order) and the number of forward passes."""
+        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, close_ended)
+        bounds = L.Bounds(rule=step, max_iterations=self.config.max_iterations, close_ended=close_ended,
+                          eos=self.eos, pad=self.pad)
+        out, passes = L.run(ModelBackend(self, model, edges), state, cache, bounds,
+                            self._record if retain_history else None)
         return DecodeResult(canvases=out, passes=passes)
-
-    def _keep(self, model, state: Canvases, cache, keep: Tensor, n_keep: int,
-              width: int) -> Tuple[Canvases, object]:
-        """The rows ``keep`` (A,) of the state and of the encoder cache, in order (``n_keep`` of them),
-        the canvases trimmed to ``width``, the longest kept one (so a single canvas has no padding)."""
-        if n_keep == keep.numel():
-            return state, cache
-        idx = keep.long().argsort(descending=True, stable=True)[:n_keep]  # kept rows first, in order
-        return state.take(idx).trimmed(width), model.reorder_decoding_cache(cache, idx)
 
     def _predict(self, model, state: Canvases, cache, edges: Optional[WordEdges] = None) -> SlotScores:
         """One forward pass: the best token and its log p(c | l) for every open slot.
 
         Only the open slots are projected onto the vocabulary, and only the
         log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
-        (except for greedy sequence finalization, which needs the whole table).
+        (greedy sequence finalization's best (slot, token) is the best slot's best token).
         """
         cfg = self.config
         framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.size(0), framed.size(1) - 1
-        closed = C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
-        open_ = C.slot_mask(state.lengths, S) & ~closed  # (A, S)
+        open_ = L.open_slots(TORCH, state, S)  # (A, S)
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
         lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
         eos_lp = content[:, self.eos] - lse  # (N,)
@@ -301,23 +273,11 @@ class InsertionGenerator:
         content[:, self.pad] = float("-inf")
         sequence = cfg.decoding == "greedy" and _termination(model) == "sequence"
         end = None if edges is None else self._keep_word_edges(content, framed, state.given, open_, edges, sequence)
-        best, tok = content.max(-1)  # (N,)
+        best, tok = content.max(-1)  # (N,) each open slot's best token over the vocabulary
         if end is not None:  # a slot the rule left without any token may end
             stuck = best.isneginf()
-            content[:, self.eos] = torch.where(stuck, end, content[:, self.eos])
             best, tok = torch.where(stuck, end, best), tok.masked_fill(stuck, self.eos)
-        tokens = torch.full((A, S), self.eos, dtype=torch.long, device=framed.device).masked_scatter(open_, tok)
-        log_probs = location.new_zeros(A, S).masked_scatter(open_, best - lse)
-        eos_joint = location.new_full((A, S), float("-inf")).masked_scatter(open_, eos_lp) + location  # (A, S)
-        full = None
-        if sequence:
-            full = content.new_full((A, S, content.size(-1)), float("-inf"))
-            full[open_] = content - lse.unsqueeze(1)  # (A, S, V)
-            final_eos = eos_joint.max(1).values  # the end-of-sequence decision: its best (slot, eos)
-        else:  # every slot that chose end-of-slot
-            final_eos = eos_joint.masked_fill(~(open_ & tokens.eq(self.eos)), 0.0).sum(1)
-        return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos,
-                          content=full)
+        return L.slot_scores(TORCH, open_, tok, best - lse, eos_lp, location, self.eos, sequence)
 
     def _keep_word_edges(self, content: Tensor, framed: Tensor, given: Tensor, open_: Tensor, edges: WordEdges,
                          sequence: bool) -> Tensor:
@@ -336,33 +296,6 @@ class InsertionGenerator:
             content.masked_fill_(no_prev[open_].unsqueeze(1) & edges.joins_prev, float("-inf"))
         content[:, self.eos].masked_fill_(no_end[open_], float("-inf"))
         return end
-
-    def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
-                close_ended: bool) -> Pass:
-        """Apply one step's insertions to every per-token tensor; say which sentences go on
-        (this pass's one host sync)."""
-        new_len = state.lengths + choice.mask.sum(1)  # (A,)
-        inserted = choice.mask.any(1)
-        iterations = state.iterations + inserted.long()
-        keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
-        width, n_keep, kept_width = torch.stack([new_len.max(), keep.sum(), (new_len * keep).max()]).tolist()
-        K = state.tokens.size(1)
-        dest = C.insertion_destinations(state.lengths, choice.mask, K, width)  # (A, K+S)
-        closed_before, closed_end = state.closed_before, state.closed_end
-        if close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
-            ended = scores.open & scores.tokens.eq(self.eos)  # (A, S)
-            closed_end = closed_end | ended.gather(1, state.lengths.unsqueeze(1)).squeeze(1)
-            closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
-        # an inserted token opens the slots on both its sides: the slot before it is open
-        new = state._replace(
-            tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
-            scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
-            closed_before=C.place(dest, closed_before, torch.zeros_like(choice.mask), width, False),
-            given=None if state.given is None else C.place(dest, state.given, torch.zeros_like(choice.mask), width,
-                                                           False),
-            closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos,
-        )
-        return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""

@@ -1,20 +1,50 @@
 """A frozen copy of the insertion decoding loop as it was before the per-pass cost work
 (one re-encoding of the whole canvas and a full log-softmax per pass): the reference the optimised
 :mod:`fairseq_insertion.generator` is checked against (tests/test_decoder_reference.py).
-Only the loop (``generate`` and ``_decode``) is the old code; input checks, hypothesis
+Only the loop (``generate`` and ``_decode``, with its room cap and insertion) is the old code; input checks, hypothesis
 dicts and statistics are the current generator's, which the old loop shared. Not used
 by the plugin.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq_insertion import canvas as C
 from fairseq_insertion.canvas import InitialCanvas
-from fairseq_insertion.decoding import _cap, _one_hot_argmax, _widen
 from fairseq_insertion.generator import InsertionGenerator, _reorder_constraints
+
+
+def _cap(insert: Tensor, score: Tensor, room: Tensor) -> Tensor:
+    """At most ``room`` insertions per row, the highest-scoring ones; of equal scores the leftmost
+    (frozen here, apart from the package's loop)."""
+    order = score.masked_fill(~insert, float("-inf")).argsort(dim=1, descending=True, stable=True)  # (A, S)
+    return insert & (order.argsort(dim=1, stable=True) < room.unsqueeze(1))
+
+
+def _one_hot_argmax(x: Tensor) -> Tensor:
+    return torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.argmax(1, keepdim=True), True)
+
+
+def _widen(x: Tensor, width: int, value) -> Tensor:
+    return x if x.size(1) >= width else torch.nn.functional.pad(x, (0, width - x.size(1)), value=value)
+
+
+def _insert(canvas: Tensor, lengths: Tensor, slot_values: Tensor, mask: Tensor, pad) -> Tuple[Tensor, Tensor]:
+    """Insert ``slot_values[l]`` into every slot l where ``mask`` (frozen: the canvas moves as the
+    paper says, token j right by the insertions in slots 0..j)."""
+    ins = mask.long()
+    before = ins.cumsum(1)  # (B, S)
+    new_len = lengths + ins.sum(1)
+    width = int(new_len.max()) if canvas.size(0) else 0
+    K, S = canvas.size(1), mask.size(1)
+    j = torch.arange(K, device=canvas.device).unsqueeze(0)
+    tok_pos = torch.where(j < lengths.unsqueeze(1), j + before[:, :K], width)
+    ins_pos = torch.where(mask, torch.arange(S, device=canvas.device).unsqueeze(0) + before - ins, width)
+    out = canvas.new_full((canvas.size(0), width + 1), pad)
+    out.scatter_(1, torch.cat([tok_pos, ins_pos], 1), torch.cat([canvas, slot_values.to(canvas.dtype)], 1))
+    return out[:, :width], new_len
 
 
 class ReferenceInsertionGenerator(InsertionGenerator):
@@ -122,10 +152,10 @@ class ReferenceInsertionGenerator(InsertionGenerator):
                 best_tok = tok.unsqueeze(1).expand_as(best_tok)
                 best_lp = content_lp.flatten(1).gather(1, flat.unsqueeze(1)).expand_as(best_lp)
             inserted = insert.any(1)  # (A,)
-            new_canvas, new_len = C.insert(canvas[active], lengths[active], best_tok, insert, self.pad)
-            new_scores, _ = C.insert(scores[active], lengths[active], best_lp, insert, 0.0)
+            new_canvas, new_len = _insert(canvas[active], lengths[active], best_tok, insert, self.pad)
+            new_scores, _ = _insert(scores[active], lengths[active], best_lp, insert, 0.0)
             # an inserted token opens the slots on both its sides: the slot before it is open
-            new_closed, _ = C.insert(closed_before[active], lengths[active], torch.zeros_like(insert), insert, False)
+            new_closed, _ = _insert(closed_before[active], lengths[active], torch.zeros_like(insert), insert, False)
             width = max(canvas.size(1), new_canvas.size(1))
             canvas = _widen(canvas, width, self.pad)
             scores = _widen(scores, width, 0.0)

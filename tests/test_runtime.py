@@ -4,8 +4,8 @@ The runtime (ONNX Runtime passes, numpy canvases) against the PyTorch generator,
 hypothesis: a tiny trained model (post-norm, sinusoidal positions) and an untrained pre-norm one
 (learned positions, embedding layer norm, gelu, sequence finalization), parallel and greedy,
 with and without the repetition rules, with closed end-of-slot slots and an iteration bound, at
-batch 1 and N. The numpy canvas operations against
-their torch originals; the runtime without torch or fairseq; the command lines."""
+batch 1 and N. The loop's canvas operations on numpy arrays against
+torch tensors; the runtime without torch or fairseq; the command lines."""
 
 import json
 import subprocess
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from fairseq_insertion import canvas as TC
+from fairseq_insertion import loop as L
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.runtime import Options, Translator, TranslatorError
-from fairseq_insertion.runtime import canvas as RC
 from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 
 pytest.importorskip("onnxruntime")
@@ -146,29 +146,30 @@ def random_framed(rng, B, W, vocab=(4, 9)):
     return f, lengths
 
 
-def test_numpy_canvas_operations_match_torch():
+def test_the_loops_canvas_operations_agree_on_numpy_and_torch():
+    """The loop's canvas code runs on both backends' arrays (loop.NUMPY, canvas.TORCH): the same results."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         B, W = int(rng.integers(1, 4)), int(rng.integers(2, 12))
         framed, lengths = random_framed(rng, B, W)
         n, neighbours = int(rng.choice([0, 2, 3, 4])), bool(rng.integers(0, 2))
-        assert np.array_equal(RC.repeated_tokens(framed, n, neighbours, (0, 2), 1),
-                              TC.repeated_tokens(torch.tensor(framed), n, neighbours, (0, 2), 1).numpy())
+        both = [(L.NUMPY, np.asarray), (TC.TORCH, torch.tensor)]
+        got = [L.repeated_tokens(xp, wrap(framed), n, neighbours, (0, 2), 1) for xp, wrap in both]
+        assert np.array_equal(got[0], got[1].numpy())
         canvas = framed[:, 1:-1].copy()
         canvas[canvas == 2] = 1
-        assert np.array_equal(RC.frame(canvas, lengths, 0, 2, 1),
-                              TC.frame(torch.tensor(canvas), torch.tensor(lengths), 0, 2, 1).numpy())
+        got = [L.frame(xp, wrap(canvas), wrap(lengths), 0, 2, 1) for xp, wrap in both]
+        assert np.array_equal(got[0], got[1].numpy()) and np.array_equal(got[0], framed)
         S = W - 1
-        mask = (rng.random((B, S)) < 0.4) & RC.slot_mask(lengths, S)
+        mask = (rng.random((B, S)) < 0.4) & L.slot_mask(L.NUMPY, lengths, S)
         width = int((lengths + mask.sum(1)).max())
-        dest = RC.insertion_destinations(lengths, mask, W - 2, width)
-        assert np.array_equal(dest, TC.insertion_destinations(torch.tensor(lengths), torch.tensor(mask), W - 2,
-                                                              width).numpy())
         values = rng.integers(10, 20, size=(B, S))
-        assert np.array_equal(RC.place(dest, canvas, values, width, 1),
-                              TC.place(torch.tensor(dest), torch.tensor(canvas), torch.tensor(values), width,
-                                       1).numpy())
-    assert np.array_equal(RC.log2_bound(np.arange(40)), TC.log2_bound(torch.arange(40)).numpy())
+        got = []
+        for xp, wrap in both:
+            dest = L.insertion_destinations(xp, wrap(lengths), wrap(mask), W - 2, width)
+            got.append((dest, L.place(xp, dest, wrap(canvas), wrap(values), width, 1)))
+        assert np.array_equal(got[0][0], got[1][0].numpy()) and np.array_equal(got[0][1], got[1][1].numpy())
+        assert ((got[0][1] != 1).sum(1) == lengths + mask.sum(1)).all()  # every token lands
 
 
 # ---------------------------------------------------------------- deployment and command lines

@@ -8,8 +8,8 @@
 
 The interface is CTranslate2's ``Translator.translate_batch``: a list of token lists in (the
 model's subword pieces), one result per input, in order, each with ``.hypotheses`` and
-``.scores``. The loop is the PyTorch generator's (:mod:`fairseq_insertion.generator`): every
-pass predicts the open slots of every active canvas, a step rule chooses the insertions, the
+``.scores``. The loop is the PyTorch generator's, one module for both (:mod:`fairseq_insertion.loop`):
+every pass predicts the open slots of every active canvas, a step rule chooses the insertions, the
 canvases grow, and a sentence leaves the batch when no slot inserts anything, when it reaches its
 length limit or after the iteration bound. Its options are the fields of
 :class:`~fairseq_insertion.decoding.DecodingConfig` that concern a single decode (``decoding``,
@@ -38,9 +38,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import loop as L
 from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..loop import Canvases, SlotScores
 from ..preprocess import PreprocessError, Preprocessing, detokenize, prepare_line
-from . import canvas as C
 from . import files as F
 from .files import TranslatorError
 
@@ -74,27 +75,6 @@ class Options(NamedTuple):
     lenpen: float
 
 
-class Canvases(NamedTuple):
-    """The decoding state, one row per active sentence (the generator's ``Canvases``, in numpy)."""
-
-    rows: np.ndarray  # (A,) index of each row in the batch
-    tokens: np.ndarray  # (A, K) canvas tokens, pad after each length
-    scores: np.ndarray  # (A, K) log p(c, l) of each token when inserted
-    closed_before: np.ndarray  # (A, K) the slot just before token j is closed
-    closed_end: np.ndarray  # (A,) the last slot is closed
-    lengths: np.ndarray  # (A,)
-    iterations: np.ndarray  # (A,)
-    final_eos: np.ndarray  # (A,) the latest pass's end-of-slot decisions, sum of log p(eos, l)
-    max_len: np.ndarray  # (A,)
-
-    def take(self, idx: np.ndarray) -> "Canvases":
-        return Canvases(*(x[idx] for x in self))
-
-    def trimmed(self, width: int) -> "Canvases":
-        return self._replace(tokens=self.tokens[:, :width], scores=self.scores[:, :width],
-                             closed_before=self.closed_before[:, :width])
-
-
 class Source(NamedTuple):
     """What every pass reuses of the active sentences' source side."""
 
@@ -107,20 +87,20 @@ class Source(NamedTuple):
                       self.padding[idx])
 
 
-class SlotScores(NamedTuple):
-    """One pass's prediction for the slots of the active canvases, (A, S) each."""
+@dataclass(frozen=True)
+class Passes:
+    """The runtime's side of :func:`fairseq_insertion.loop.run`: ONNX Runtime's pass over the open slots of
+    the active sentences, with one call's options; the source side follows the sentences that go on."""
 
-    open: np.ndarray
-    tokens: np.ndarray  # best token of each open slot (eos elsewhere)
-    log_probs: np.ndarray  # its log p(c | l) (penalty included when eos wins)
-    location: np.ndarray  # log p(l), -inf at padding slots
-    final_eos: np.ndarray  # (A,)
+    translator: "Translator"
+    opts: Options
+    xp: Any = L.NUMPY
 
+    def predict(self, state: Canvases, source: Source) -> SlotScores:
+        return self.translator._predict(state, source, self.opts)
 
-class Insertions(NamedTuple):
-    mask: np.ndarray  # (A, S)
-    tokens: np.ndarray  # (A, S)
-    log_probs: np.ndarray  # (A, S)
+    def reorder(self, source: Source, rows: np.ndarray) -> Source:
+        return source.take(rows)
 
 
 class Translator:
@@ -246,83 +226,42 @@ class Translator:
         max_len = np.clip((src_len.astype(np.float32) * np.float32(opts.max_len_a)
                            + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)
         max_len = np.where(src_len <= 1, 0, max_len)  # an empty source line: an empty translation
+        close_ended = opts.close_ended_slots and self.termination == "slot"
         state = Canvases(rows=np.arange(B), tokens=np.zeros((B, 0), np.int64), scores=np.zeros((B, 0), np.float32),
-                         closed_before=np.zeros((B, 0), bool), closed_end=np.zeros(B, bool),
+                         closed_before=np.zeros((B, 0), bool) if close_ended else None, closed_end=np.zeros(B, bool),
                          lengths=np.zeros(B, np.int64), iterations=np.zeros(B, np.int64),
                          final_eos=np.zeros(B, np.float32), max_len=max_len)
-        width = int(max_len.max())
-        out_tokens = np.full((B, width), self.pad, np.int64)
-        out_scores = np.zeros((B, width), np.float32)
-        out_len, out_iter, out_eos = np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.float32)
-        max_iter = opts.max_iterations or width
-        step = _STEPS[opts.decoding if opts.decoding == "parallel" else f"greedy_{self.termination}"]
-        active = np.flatnonzero(max_len > 0)
-        state, source = state.take(active), source.take(active)
-        for _ in range(max_iter + 1):
-            if len(state.rows) == 0:
-                break
-            scores = self._predict(state, source, opts)
-            self.stats["passes"] += 1
-            choice = step(scores, state.max_len - state.lengths, self.eos)
-            state, keep = self._insert(state, scores, choice, max_iter, opts.close_ended_slots)
-            if not keep.all():
-                done = state.take(np.flatnonzero(~keep))
-                W = done.tokens.shape[1]
-                out_tokens[done.rows, :W], out_scores[done.rows, :W] = done.tokens, done.scores
-                out_len[done.rows], out_iter[done.rows], out_eos[done.rows] = done.lengths, done.iterations, \
-                    done.final_eos
-                kept = np.flatnonzero(keep)
-                state = state.take(kept).trimmed(int(state.lengths[kept].max(initial=0)))
-                source = source.take(kept)
-        if len(state.rows):
-            W = state.tokens.shape[1]
-            out_tokens[state.rows, :W], out_scores[state.rows, :W] = state.tokens, state.scores
-            out_len[state.rows], out_iter[state.rows], out_eos[state.rows] = state.lengths, state.iterations, \
-                state.final_eos
-        for key, value in (("sentences", B), ("batches", 1), ("iterations", int(out_iter.sum())),
-                           ("tokens", int(out_len.sum()))):
+        bounds = L.Bounds(rule=L.step_rule(L.NUMPY, opts.decoding, self.termination, self.eos),
+                          max_iterations=opts.max_iterations, close_ended=close_ended, eos=self.eos, pad=self.pad)
+        out, passes = L.run(Passes(self, opts), state, source, bounds)
+        for key, value in (("sentences", B), ("batches", 1), ("passes", passes),
+                           ("iterations", int(out.iterations.sum())), ("tokens", int(out.lengths.sum()))):
             self.stats[key] += value
-        real = np.arange(width)[None, :] < out_len[:, None]
-        log_prob = np.where(real, out_scores, 0).sum(1, dtype=np.float32) + out_eos  # (B,)
-        score = log_prob / (out_len + 1).astype(np.float32) ** np.float32(opts.lenpen)
-        return [(out_tokens[b, :out_len[b]], float(score[b]), int(out_iter[b])) for b in range(B)]
+        real = np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]
+        log_prob = np.where(real, out.scores, 0).sum(1, dtype=np.float32) + out.final_eos  # (B,)
+        score = log_prob / (out.lengths + 1).astype(np.float32) ** np.float32(opts.lenpen)
+        return [(out.tokens[b, :out.lengths[b]], float(score[b]), int(out.iterations[b])) for b in range(B)]
 
     def _predict(self, state: Canvases, source: Source, opts: Options) -> SlotScores:
         """One pass: the best token and its log p(c | l) for every open slot."""
-        framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
+        framed = L.frame(L.NUMPY, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.shape[0], framed.shape[1] - 1
-        open_ = C.slot_mask(state.lengths, S)  # (A, S)
-        if opts.close_ended_slots:  # the only rule that closes slots here (no constraints in the runtime)
-            open_ &= ~C.closed_slots(state.closed_before, state.closed_end, state.lengths, S)
-        every = bool(open_.all())  # one canvas, or canvases of one length: no scatter needed below
+        open_ = L.open_slots(L.NUMPY, state, S)  # (A, S)
+        every = bool(open_.all())  # one canvas, or canvases of one length: no scatter needed
         open_slots = np.arange(A * S) if every else np.flatnonzero(open_)  # (N,) row-major, as torch's masks
         if opts.block_neighbour_copies or opts.no_repeat_ngram_size:
-            blocked = C.repeated_tokens(framed, opts.no_repeat_ngram_size, opts.block_neighbour_copies,
+            blocked = L.repeated_tokens(L.NUMPY, framed, opts.no_repeat_ngram_size, opts.block_neighbour_copies,
                                         (self.bos, self.eos), self.pad).reshape(A * S, -1)[open_slots]  # (N, M)
             if blocked.shape[1] == 0:
                 blocked = np.full((len(open_slots), 1), self.pad, np.int64)
         else:
             blocked = np.full((len(open_slots), 1), self.pad, np.int64)
-        tok, lp, eos_lp, location = self._pass.run(None, {
+        tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
             "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
             "open_slots": open_slots.astype(np.int64), "blocked": blocked,
             "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty)})
-        if every:
-            tokens, log_probs, eos_joint = tok.reshape(A, S), lp.reshape(A, S), eos_lp.reshape(A, S) + location
-        else:
-            tokens = np.full(A * S, self.eos, np.int64)
-            tokens[open_slots] = tok
-            log_probs = np.zeros(A * S, np.float32)
-            log_probs[open_slots] = lp
-            eos_joint = np.full(A * S, -np.inf, np.float32)
-            eos_joint[open_slots] = eos_lp
-            tokens, log_probs = tokens.reshape(A, S), log_probs.reshape(A, S)
-            eos_joint = eos_joint.reshape(A, S) + location
-        if opts.decoding == "greedy" and self.termination == "sequence":
-            final_eos = eos_joint.max(1)  # the end-of-sequence decision: its best (slot, eos)
-        else:  # every slot that chose end-of-slot
-            final_eos = np.where(open_ & (tokens == self.eos), eos_joint, 0).sum(1, dtype=np.float32)
-        return SlotScores(open=open_, tokens=tokens, log_probs=log_probs, location=location, final_eos=final_eos)
+        sequence = opts.decoding == "greedy" and self.termination == "sequence"
+        return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 
     def _penalties(self, n: int, beta: float) -> np.ndarray:
         """(n,) beta: one array per beta, grown as needed and sliced (no allocation per pass)."""
@@ -332,70 +271,9 @@ class Translator:
                                                        np.float32)
         return have[:n]
 
-    def _insert(self, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int,
-                close_ended: bool) -> Tuple[Canvases, np.ndarray]:
-        """Apply one step's insertions; which sentences go on."""
-        new_len = state.lengths + choice.mask.sum(1)
-        inserted = choice.mask.any(1)
-        iterations = state.iterations + inserted
-        keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
-        width, K = int(new_len.max()), state.tokens.shape[1]
-        dest = C.insertion_destinations(state.lengths, choice.mask, K, width)
-        closed_before, closed_end = state.closed_before, state.closed_end
-        if close_ended:  # otherwise no slot is ever closed and closed_before stays (A, 0)
-            if self.termination == "slot":
-                ended = scores.open & (scores.tokens == self.eos)
-                closed_end = closed_end | ended[np.arange(len(ended)), state.lengths]
-                closed_before = np.pad(closed_before, ((0, 0), (0, K - closed_before.shape[1])))
-                closed_before = closed_before | (ended[:, :K] & C.slot_mask(state.lengths - 1, K))
-            closed_before = C.place(dest, np.pad(closed_before, ((0, 0), (0, K - closed_before.shape[1]))),
-                                    np.zeros_like(choice.mask), width, False)
-        new = state._replace(
-            tokens=C.place(dest, state.tokens, choice.tokens, width, self.pad),
-            scores=C.place(dest, state.scores, choice.log_probs + scores.location, width, 0.0),
-            closed_before=closed_before, closed_end=closed_end, lengths=new_len, iterations=iterations,
-            final_eos=scores.final_eos)
-        return new, keep
-
     def _result(self, ids: np.ndarray, score: float, iterations: int) -> TranslationResult:
         return TranslationResult(hypotheses=[[self.target_symbols[i] for i in ids.tolist()]], scores=[score],
                                  iterations=[iterations])
-
-
-# ---------------------------------------------------------------- the step rules (decoding.py's, in numpy)
-def parallel_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
-    """The best token into every open slot whose best is not end-of-slot, at most ``room`` per canvas."""
-    insert = p.open & (p.tokens != eos)
-    if (insert.sum(1) > room).any():  # keep the highest-scoring ones
-        rank = np.argsort(np.argsort(-np.where(insert, p.log_probs, -np.inf), 1, kind="stable"), 1, kind="stable")
-        insert &= rank < room[:, None]
-    return Insertions(mask=insert, tokens=p.tokens, log_probs=p.log_probs)
-
-
-def greedy_slot_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
-    """Slot finalization: the one (slot, token) with the best log p(c, l) among non-ending slots."""
-    ok = p.open & (p.tokens != eos)
-    joint = np.where(ok, p.log_probs + p.location, -np.inf)
-    mask = _one_hot(joint.argmax(1), joint.shape[1]) & ok.any(1, keepdims=True)
-    return Insertions(mask=mask, tokens=p.tokens, log_probs=p.log_probs)
-
-
-def greedy_sequence_step(p: SlotScores, room: np.ndarray, eos: int) -> Insertions:
-    """Sequence finalization: the best (slot, token) over every open slot; stop at end-of-sequence."""
-    A, S = p.open.shape
-    slot = np.where(p.open, p.log_probs + p.location, -np.inf).argmax(1)  # (A,)
-    r = np.arange(A)
-    tok = p.tokens[r, slot]
-    ok = (tok != eos) & p.open[r, slot]
-    return Insertions(mask=_one_hot(slot, S) & ok[:, None], tokens=np.repeat(tok[:, None], S, 1),
-                      log_probs=np.repeat(p.log_probs[r, slot][:, None], S, 1))
-
-
-_STEPS = {"parallel": parallel_step, "greedy_slot": greedy_slot_step, "greedy_sequence": greedy_sequence_step}
-
-
-def _one_hot(index: np.ndarray, width: int) -> np.ndarray:
-    return np.arange(width)[None, :] == index[:, None]
 
 
 def _count(value: Any, name: str, minimum: int) -> int:

@@ -1,0 +1,526 @@
+"""The insertion decoding loop, written once for both backends (paper: "Inference").
+
+Everything after the model's scores lives here: the typed state (:class:`Canvases`,
+:class:`SlotScores`, :class:`Insertions`), the step rules that choose a pass's insertions
+(:func:`step_rule`, small objects built from the decoding options), the room cap, how insertions
+move the canvas (:func:`insertion_destinations`, :func:`place`), the closing of slots, which
+sentences stop, and the loop itself (:func:`run`). A backend supplies only its arrays (an
+:class:`Ops`: :data:`NUMPY` here, ``canvas.TORCH`` for the PyTorch generator) and a
+:class:`Backend` with ``predict`` (the torch model, or the ONNX session) and ``reorder`` (its
+per-sentence memory follows the sentences that go on).
+
+The code uses only what numpy arrays and torch tensors share (operators, ``x[idx]``, slicing,
+``sum``/``any``/``argmax``/``cumsum`` along an axis, ``clip``); the rest goes through ``Ops``. One
+host round trip per pass (:meth:`Ops.host`): on a GPU the loop waits for the device once a pass.
+
+A canvas of k tokens has k + 1 slots; slot l sits just before canvas token l. Framed canvases are
+``[bos] canvas [eos]``, right-padded: slot l lies between columns l and l + 1.
+
+This module imports numpy and the standard library only (the deployment runtime uses it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+
+Array = Any  # a numpy array or a torch tensor: one backend's arrays
+NEG_INF = float("-inf")
+
+
+class Ops(Protocol):
+    """The array operations the loop needs beyond what numpy and torch spell alike."""
+
+    def arange(self, n: int, like: Array) -> Array: ...
+
+    def full(self, shape: Tuple[int, ...], value: Any, like: Array, dtype: Optional[str] = None) -> Array:
+        """``dtype``: "bool", "long", "float" or None (``like``'s)."""
+
+    def where(self, cond: Array, a: Any, b: Any) -> Array: ...
+
+    def concat(self, arrays: Sequence[Array], axis: int) -> Array: ...
+
+    def argsort(self, x: Array, descending: bool = False) -> Array:
+        """Along the last axis, stable: equal values keep their order (the leftmost first)."""
+
+    def long(self, x: Array) -> Array: ...
+
+    def cast(self, x: Array, like: Array) -> Array: ...
+
+    def put(self, out: Array, index: Array, values: Any) -> Array:
+        """``out[r, index[r, j]] = values[r, j]`` (or a scalar), in place; returns ``out``."""
+
+    def gather(self, x: Array, index: Array) -> Array:
+        """``x[r, index[r, j]]``."""
+
+    def masked_put(self, mask: Array, values: Array, fill: Any) -> Array:
+        """(A, S) ``fill`` with ``values`` (N,) written at ``mask``, row-major."""
+
+    def amax(self, x: Array, axis: int) -> Array: ...
+
+    def permute(self, x: Array, dims: Tuple[int, ...]) -> Array: ...
+
+    def asarray(self, x: np.ndarray, like: Array) -> Array:
+        """A numpy array as one of this backend's, beside ``like``."""
+
+    def host(self, *scalars: Array) -> List[int]:
+        """Scalars as Python ints, in one round trip."""
+
+    def might(self, cond: Array) -> bool:
+        """False only where ``cond`` is known to hold nowhere without a round trip to a device."""
+
+
+class NumpyOps:
+    """:class:`Ops` for numpy (the deployment runtime)."""
+
+    _DTYPES = {"bool": np.bool_, "long": np.int64, "float": np.float32}
+
+    def arange(self, n: int, like: Array) -> Array:
+        return np.arange(n)
+
+    def full(self, shape, value, like, dtype=None):
+        return np.full(shape, value, dtype=self._DTYPES[dtype] if dtype else like.dtype)
+
+    def where(self, cond, a, b):
+        return np.where(cond, a, b)
+
+    def concat(self, arrays, axis):
+        return np.concatenate(arrays, axis)
+
+    def argsort(self, x, descending=False):
+        return np.argsort(-x if descending else x, axis=-1, kind="stable")
+
+    def long(self, x):
+        return x.astype(np.int64)
+
+    def cast(self, x, like):
+        return x.astype(like.dtype, copy=False)
+
+    def put(self, out, index, values):
+        out[np.arange(out.shape[0])[:, None], index] = values
+        return out
+
+    def gather(self, x, index):
+        return np.take_along_axis(x, index, 1)
+
+    def masked_put(self, mask, values, fill):
+        if values.size == mask.size:  # every slot open: no scatter
+            return values.reshape(mask.shape)
+        out = np.full(mask.shape, fill, dtype=values.dtype)
+        out[mask] = values
+        return out
+
+    def amax(self, x, axis):
+        return x.max(axis)
+
+    def permute(self, x, dims):
+        return x.transpose(dims)
+
+    def asarray(self, x, like):
+        return x
+
+    def host(self, *scalars):
+        return [int(s) for s in scalars]
+
+    def might(self, cond):
+        return bool(cond.any())
+
+
+NUMPY = NumpyOps()
+
+
+# ---------------------------------------------------------------- the canvas
+def frame(xp: Ops, canvas: Array, lengths: Array, bos: int, eos: int, pad: int) -> Array:
+    """[bos] canvas [eos], right-padded. canvas: (B, K) -> (B, K + 2)."""
+    B, K = canvas.shape
+    out = xp.full((B, K + 2), pad, like=canvas)
+    out[:, 0] = bos
+    out[:, 1:K + 1] = canvas
+    return xp.put(out, (lengths + 1)[:, None], eos)
+
+
+def slot_mask(xp: Ops, lengths: Array, num_slots: int) -> Array:
+    """(B, S) True for the k + 1 real slots of each canvas."""
+    return xp.arange(num_slots, like=lengths)[None, :] <= lengths[:, None]
+
+
+def closed_slots(xp: Ops, closed_before: Array, closed_end: Array, lengths: Array, num_slots: int) -> Array:
+    """(B, S) True at the closed slots: slot l < k is the slot before token l, slot k the last one.
+    closed_before: (B, K) with K < S; closed_end: (B,)."""
+    K = closed_before.shape[1]
+    closed = xp.full((closed_before.shape[0], num_slots), False, like=closed_end, dtype="bool")
+    closed[:, :K] = closed_before
+    return xp.put(closed, lengths[:, None], closed_end[:, None])
+
+
+def insertion_destinations(xp: Ops, lengths: Array, insert_mask: Array, num_tokens: int, width: int) -> Array:
+    """Where every canvas token and every slot value lands after the insertions.
+
+    lengths: (B,); insert_mask: (B, S), False beyond each canvas's k + 1 slots; num_tokens: K, the
+    canvas width; width: W, at least the longest new canvas. Returns (B, K + S): the new column of
+    canvas token j (first K columns) and of slot l's value (last S columns); ``W`` for what does not
+    land (padding tokens, slots without an insertion). Computed once per step, applied to every
+    per-token array with :func:`place`."""
+    S = insert_mask.shape[1]
+    ins = xp.long(insert_mask)
+    before = ins.cumsum(1)  # (B, S) inserts in slots 0..l
+    j = xp.arange(num_tokens, like=lengths)[None, :]
+    tok_pos = xp.where(j < lengths[:, None], j + before[:, :num_tokens], width)  # (B, K) moved by the inserts before
+    ins_pos = xp.where(insert_mask, xp.arange(S, like=lengths)[None, :] + before - ins, width)  # (B, S)
+    return xp.concat([tok_pos, ins_pos], 1)
+
+
+def place(xp: Ops, destinations: Array, canvas: Array, slot_values: Array, width: int, pad: Any) -> Array:
+    """Apply :func:`insertion_destinations` to one per-token array: canvas (B, K) and the value inserted
+    into each slot (B, S) -> (B, W), ``pad`` after each row's new length."""
+    out = xp.full((canvas.shape[0], width + 1), pad, like=canvas)  # one spare column catches what does not land
+    return xp.put(out, destinations, xp.concat([canvas, xp.cast(slot_values, canvas)], 1))[:, :width]
+
+
+def insert(xp: Ops, canvas: Array, lengths: Array, slot_tokens: Array, insert_mask: Array, pad: Any
+           ) -> Tuple[Array, Array]:
+    """Insert ``slot_tokens[l]`` into every slot l where ``insert_mask`` (B, S): the new canvas (B, K')
+    trimmed to the longest row, and the new lengths."""
+    new_lengths = lengths + insert_mask.sum(1)
+    width = xp.host(new_lengths.max())[0] if canvas.shape[0] > 0 else 0
+    dest = insertion_destinations(xp, lengths, insert_mask, canvas.shape[1], width)
+    return place(xp, dest, canvas, slot_tokens, width, pad), new_lengths
+
+
+def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, special: Tuple[int, ...],
+                    pad: int) -> Array:
+    """Per slot, the tokens whose insertion would repeat part of the canvas.
+
+    framed: (B, T + 2) ``[bos] canvas [eos]``, right-padded with ``pad`` (S = T + 1 slots).
+    ``neighbours``: a copy of either neighbour of the slot (``a a b`` from ``a b``). ``ngram`` n >= 2:
+    a token c such that an n-gram of the canvas after inserting c into slot l, one that holds c,
+    already occurs in the framed canvas (bos/eos count as context) and survives the insertion
+    (n-grams spanning slot l are broken by it). Each slot is judged against the current canvas.
+    Tokens in ``special`` are never returned. Returns (B, S, M) token ids, ``pad`` where a column
+    holds nothing (M = 0 when both rules are off)."""
+    B, W = framed.shape
+    S = W - 1
+    columns = []
+    if neighbours:
+        columns.append(xp.concat([framed[:, :-1, None], framed[:, 1:, None]], -1))  # (B, S, 2)
+    n = int(ngram)
+    if n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
+        context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in _ngram_geometry(W, n))
+        real = framed != pad
+        ext = xp.full((B, W + 2 * n - 2), -1, like=framed)  # the framed canvas, -1 outside it
+        ext[:, n - 1:n - 1 + W] = xp.where(real, framed, -1)
+        windows = xp.where(real, framed, -2)  # -2 at padding: never matches
+        context = ext[:, context_cols]  # (B, n, S, n-1): the slot's n-1 neighbours at offset i
+        rest = windows[:, rest_cols]  # (B, n, J, n-1): each window without its offset i
+        match = (context[:, :, :, None, :] == rest[:, :, None, :, :]).all(-1) & apart  # (B, n, S, J)
+        found = xp.where(match, windows[:, token_cols][:, :, None, :], pad)  # (B, n, S, J)
+        columns.append(xp.permute(found, (0, 2, 1, 3)).reshape(B, S, -1))
+    if not columns:
+        return xp.full((B, S, 0), pad, like=framed)
+    out = xp.concat(columns, -1) if len(columns) > 1 else columns[0]  # (B, S, M)
+    never = out < 0
+    for s in special:
+        never = never | (out == s)
+    return xp.where(never, pad, out)
+
+
+@functools.lru_cache(maxsize=256)
+def _ngram_geometry(W: int, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Index arrays of :func:`repeated_tokens` for framed width W and n-grams: the columns (of the framed
+    canvas padded by n-1 on each side) holding slot l's context at offset i, framed columns
+    l-i+1 .. l-i+n-1 (n, S, n-1); the columns of each window without its offset i (n, J, n-1) and at it
+    (n, J); and which windows survive an insertion into each slot (S, J): those not spanning it."""
+    S, J = W - 1, W - n + 1
+    slot, start, offset = np.arange(S), np.arange(J), np.arange(n)
+    others = np.asarray([[j for j in range(n) if j != i] for i in range(n)])  # (n, n-1)
+    context = (slot[None, :] - offset[:, None])[:, :, None] + np.arange(n - 1)[None, None, :] + n
+    rest = start[None, :, None] + others[:, None, :]  # (n, J, n-1)
+    token = start[None, :] + offset[:, None]  # (n, J)
+    spans = (start[None, :] <= slot[:, None]) & (start[None, :] >= slot[:, None] - n + 2)  # (S, J)
+    return context, rest, token, ~spans
+
+
+def word_edge_slots(xp: Ops, framed: Array, given: Array, joins_next: Array, eos: int) -> Tuple[Array, Array, Array]:
+    """Per slot, what the word-edge rule forbids next to the given (constraint) tokens.
+
+    framed: (B, K+2); given: (B, K) the canvas tokens that are constraint tokens; joins_next: (V,)
+    bool, the entries that form one word with the token after them (subword-nmt's ``x@@``), False
+    for the special symbols. Returns three (B, S) bool arrays, read at the open slots only:
+    no_next (no token that joins the next one: the slot right before a constraint token, or one
+    that must complete a word), no_prev (no token that joins the previous one: the slot right after
+    a constraint token) and no_end (no end-of-slot: its left neighbour is a constraint token that
+    continues into the next token, ``schö@@``, and its right neighbour is end-of-sentence or a
+    constraint token)."""
+    B, S = framed.shape[0], framed.shape[1] - 1
+    left_given = xp.full((B, S), False, like=given, dtype="bool")  # (B, S) bos and eos are not given
+    left_given[:, 1:] = given
+    right_given = xp.full((B, S), False, like=given, dtype="bool")
+    right_given[:, :-1] = given
+    complete = left_given & joins_next[framed[:, :-1]] & (right_given | (framed[:, 1:] == eos))
+    return right_given | complete, left_given, complete
+
+
+# ---------------------------------------------------------------- the state of the loop
+class Canvases(NamedTuple):
+    """The decoding state: one row per sentence (the active ones inside the loop). Built and changed by
+    keyword only."""
+
+    rows: Array  # (A,) index of each row in the batch
+    tokens: Array  # (A, K) canvas tokens, pad after each length
+    scores: Array  # (A, K) log p(c, l) of each inserted token when inserted; 0 for constraint tokens
+    closed_before: Optional[Array]  # (A, K) the slot just before token j is closed; None: no slot ever closes
+    closed_end: Array  # (A,) the last slot is closed
+    lengths: Array  # (A,)
+    iterations: Array  # (A,) steps that inserted at least one token
+    final_eos: Array  # (A,) the latest pass's end-of-slot decisions: sum of their log p(eos, l)
+    max_len: Array  # (A,) length limit
+    eos_penalty: Optional[Array] = None  # (A,) beta of each row (several per sentence with eos_penalties)
+    given: Optional[Array] = None  # (A, K) the constraint tokens, when their word edges are kept
+    history: Optional[List[List[Any]]] = None  # per batch row, every canvas it went through
+
+    def take(self, idx: Array) -> "Canvases":
+        """The rows ``idx`` (N,) (the history is per batch row and stays shared)."""
+        return self._replace(**{name: getattr(self, name)[idx] for name in _ROW_FIELDS
+                                if getattr(self, name) is not None})
+
+    def trimmed(self, width: int) -> "Canvases":
+        """The per-token arrays cut to ``width`` columns."""
+        return self._replace(**{name: getattr(self, name)[:, :width] for name in _TOKEN_FIELDS
+                                if getattr(self, name) is not None})
+
+    def widened(self, xp: Ops, width: int, pad: int) -> "Canvases":
+        """A copy whose tokens and scores are ``width`` wide (at least as wide as now): the result buffer."""
+        tokens, scores = xp.full((len(self.lengths), width), pad, like=self.tokens), \
+            xp.full((len(self.lengths), width), 0.0, like=self.scores)
+        K = self.tokens.shape[1]
+        tokens[:, :K], scores[:, :K] = self.tokens, self.scores
+        return self._replace(tokens=tokens, scores=scores, lengths=self.lengths + 0,
+                             iterations=self.iterations + 0, final_eos=self.final_eos + 0)
+
+    def store(self, done: "Canvases") -> None:
+        """Write the finished rows ``done`` into this result buffer at their batch rows."""
+        W, r = done.tokens.shape[1], done.rows
+        self.tokens[r, :W] = done.tokens
+        self.scores[r, :W] = done.scores
+        self.lengths[r] = done.lengths
+        self.iterations[r] = done.iterations
+        self.final_eos[r] = done.final_eos
+
+
+_ROW_FIELDS = tuple(f for f in Canvases._fields if f != "history")
+_TOKEN_FIELDS = ("tokens", "scores", "closed_before", "given")
+
+
+class SlotScores(NamedTuple):
+    """One pass's prediction for the slots of the active canvases, (A, S) each."""
+
+    open: Array  # slots that may receive a token: real and not closed
+    tokens: Array  # the best token of each open slot (eos elsewhere): bos/pad excluded, eos penalised
+    log_probs: Array  # its log p(c | l) (the eos penalty included when eos wins)
+    location: Array  # log p(l), -inf at padding slots
+    final_eos: Array  # (A,) log-prob of this pass's end-of-slot decisions, sum of log p(eos, l), no penalty
+
+
+class Insertions(NamedTuple):
+    """What one step inserts: ``tokens[l]`` (with score ``log_probs[l]``) into every slot l where ``mask``."""
+
+    mask: Array  # (A, S)
+    tokens: Array  # (A, S)
+    log_probs: Array  # (A, S) log p(c | l)
+
+
+def open_slots(xp: Ops, state: Canvases, num_slots: int) -> Array:
+    """(A, S) the real slots that are not closed."""
+    real = slot_mask(xp, state.lengths, num_slots)
+    if state.closed_before is None:
+        return real
+    return real & ~closed_slots(xp, state.closed_before, state.closed_end, state.lengths, num_slots)
+
+
+def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_probs: Array, location: Array,
+                eos: int, sequence: bool) -> SlotScores:
+    """A pass's :class:`SlotScores` from the model's values at the open slots (N,), row-major: the best
+    token, its log p(c | l) and log p(eos | l); ``location`` (A, S) log p(l). ``sequence``: the
+    end-of-sequence decision is the best (slot, eos); otherwise every slot that chose end-of-slot."""
+    tokens = xp.masked_put(open_, tokens, eos)  # (A, S)
+    eos_joint = xp.masked_put(open_, eos_log_probs, NEG_INF) + location  # (A, S) log p(eos, l)
+    final_eos = xp.amax(eos_joint, 1) if sequence else xp.where(open_ & (tokens == eos), eos_joint, 0.0).sum(1)
+    return SlotScores(open=open_, tokens=tokens, log_probs=xp.masked_put(open_, log_probs, 0.0), location=location,
+                      final_eos=final_eos)
+
+
+# ---------------------------------------------------------------- the step rules
+@dataclass(frozen=True)
+class ParallelStep:
+    """Insert the best token into every open slot whose best is not end-of-slot, at most ``room`` (A,)
+    per canvas: the highest-scoring ones (:func:`cap`)."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        return Insertions(mask=cap(self.xp, p.open & (p.tokens != self.eos), p.log_probs, room), tokens=p.tokens,
+                          log_probs=p.log_probs)
+
+
+@dataclass(frozen=True)
+class GreedySlotStep:
+    """Slot finalization: the one (slot, token) with the best log p(c, l) among the slots whose best
+    token is not end-of-slot."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        ok = p.open & (p.tokens != self.eos)  # (A, S)
+        slot = self.xp.where(ok, p.log_probs + p.location, NEG_INF).argmax(1)  # (A,)
+        return Insertions(mask=_one_hot(self.xp, slot, ok) & ok.any(1)[:, None], tokens=p.tokens,
+                          log_probs=p.log_probs)
+
+
+@dataclass(frozen=True)
+class GreedySequenceStep:
+    """Sequence finalization: the best (slot, token) over every open slot and the whole vocabulary (each
+    slot's best token is its best over the vocabulary); stop when it is end-of-sequence."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        xp = self.xp
+        slot = xp.where(p.open, p.log_probs + p.location, NEG_INF).argmax(1)[:, None]  # (A, 1)
+        ok = (xp.gather(p.tokens, slot) != self.eos) & xp.gather(p.open, slot)  # (A, 1)
+        return Insertions(mask=_one_hot(xp, slot[:, 0], p.open) & ok, tokens=p.tokens, log_probs=p.log_probs)
+
+
+StepRule = Callable[[SlotScores, Array], Insertions]
+
+
+def step_rule(xp: Ops, decoding: str, termination: str, eos: int) -> StepRule:
+    """The decoding rule: ``parallel``, or ``greedy`` with the model's training termination (``slot``
+    or ``sequence`` finalization)."""
+    if decoding == "parallel":
+        return ParallelStep(xp, eos)
+    return GreedySlotStep(xp, eos) if termination == "slot" else GreedySequenceStep(xp, eos)
+
+
+def cap(xp: Ops, insert: Array, score: Array, room: Array) -> Array:
+    """Keep at most ``room`` (A,) insertions per row, the highest-scoring ones; of equal scores, the
+    leftmost slots (a stable sort). (A, S)."""
+    if not xp.might((insert.sum(1) > room).any()):
+        return insert
+    order = xp.argsort(xp.where(insert, score, NEG_INF), descending=True)  # (A, S)
+    return insert & (xp.argsort(order) < room[:, None])
+
+
+def _one_hot(xp: Ops, index: Array, like: Array) -> Array:
+    return xp.arange(like.shape[1], like=index)[None, :] == index[:, None]
+
+
+# ---------------------------------------------------------------- the loop
+class Backend(Protocol):
+    """The model's side of the loop: its arrays and one pass."""
+
+    xp: Ops
+
+    def predict(self, state: Canvases, memory: Any) -> SlotScores:
+        """One pass: the best token and its log p(c | l) for every open slot of ``state``."""
+
+    def reorder(self, memory: Any, rows: Array) -> Any:
+        """The per-sentence memory (the encoder's output) of the rows ``rows`` (N,), in order."""
+
+
+class Bounds(NamedTuple):
+    """How a decode steps and stops."""
+
+    rule: StepRule
+    max_iterations: int  # 0: each row's length limit
+    close_ended: bool  # a slot that chose end-of-slot stays closed (slot finalization)
+    eos: int
+    pad: int
+
+
+class Pass(NamedTuple):
+    """The state after one pass's insertions, and which rows go on."""
+
+    state: Canvases
+    keep: Array  # (A,)
+    n_keep: int
+    kept_width: int  # the longest kept canvas
+
+
+Record = Callable[[Canvases, Array], None]
+
+
+def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
+        ) -> Tuple[Canvases, int]:
+    """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
+    the batch. Closed slots never receive an insertion and count as finished. ``record(state,
+    inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
+    row, in batch order, and the number of forward passes."""
+    xp = backend.xp
+    B, K = state.tokens.shape
+    start = (state.max_len > state.lengths) & open_slots(xp, state, K + 1).any(1)  # (B,)
+    width, room, n_active, started_width = xp.host(
+        state.max_len.max(), (state.max_len - state.lengths).clip(min=0).max(), start.sum(),
+        (state.lengths * start).max()) if B else (0, 0, 0, 0)
+    out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
+    max_iter = bounds.max_iterations or room
+    state, memory = _keep(backend, state, memory, start, n_active, started_width)
+    passes = 0
+    for _ in range(max_iter + 1):
+        if n_active == 0:
+            break
+        scores = backend.predict(state, memory)
+        choice = bounds.rule(scores, state.max_len - state.lengths)
+        passes += 1
+        after = step(xp, state, scores, choice, max_iter, bounds)
+        if record is not None:
+            record(after.state, choice.mask.any(1))
+        state = after.state
+        if after.n_keep < n_active:
+            out.store(state.take(xp.argsort(xp.long(after.keep))[:n_active - after.n_keep]))  # the finished
+            state, memory = _keep(backend, state, memory, after.keep, after.n_keep, after.kept_width)
+        n_active = after.n_keep
+    if n_active:
+        out.store(state)
+    return out, passes
+
+
+def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, bounds: Bounds) -> Pass:
+    """Apply one step's insertions to every per-token array; say which sentences go on (the pass's one
+    host round trip): those that inserted something, are below their length limit and their
+    iteration bound."""
+    new_len = state.lengths + choice.mask.sum(1)  # (A,)
+    inserted = choice.mask.any(1)
+    iterations = state.iterations + xp.long(inserted)
+    keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
+    width, n_keep, kept_width = xp.host(new_len.max(), keep.sum(), (new_len * keep).max())
+    K = state.tokens.shape[1]
+    dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
+    closed_before, closed_end = state.closed_before, state.closed_end
+    none = choice.mask & False  # (A, S) no slot value: a new token opens the slots on both its sides
+    if bounds.close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
+        ended = scores.open & (scores.tokens == bounds.eos)  # (A, S)
+        closed_end = closed_end | xp.gather(ended, state.lengths[:, None])[:, 0]
+        closed_before = closed_before | (ended[:, :K] & slot_mask(xp, state.lengths - 1, K))
+    new = state._replace(
+        tokens=place(xp, dest, state.tokens, choice.tokens, width, bounds.pad),
+        scores=place(xp, dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
+        closed_before=None if closed_before is None else place(xp, dest, closed_before, none, width, False),
+        given=None if state.given is None else place(xp, dest, state.given, none, width, False),
+        closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos)
+    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
+
+
+def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int
+          ) -> Tuple[Canvases, Any]:
+    """The rows ``keep`` (A,) of the state and of the memory, in order (``n_keep`` of them), the canvases
+    trimmed to ``width``, the longest kept one (so a single canvas has no padding)."""
+    if n_keep == len(keep):
+        return state, memory
+    idx = backend.xp.argsort(backend.xp.long(keep), descending=True)[:n_keep]  # kept rows first, in order
+    return state.take(idx).trimmed(width), backend.reorder(memory, idx)
