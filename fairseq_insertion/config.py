@@ -29,21 +29,14 @@ CONSTRAINT_ORDERS = ("ordered", "unordered")
 # (Multi30k en-de, BPE: no training target exceeds 2 x source + 10)
 FAIRSEQ_LENGTH_DEFAULTS = (0.0, 200)
 
-# the options of a single decode: what the deployment runtime (fairseq_insertion.runtime) takes; candidates,
-# reranking, constraints and reduced precision in PyTorch stay with fairseq
-RUNTIME_OPTIONS = ("decoding", "eos_penalty", "max_len_a", "max_len_b", "max_iterations", "block_neighbour_copies",
-                   "no_repeat_ngram_size", "close_ended_slots", "lenpen")
+RUNTIME = "runtime"  # an option of a single decode: the deployment runtime (fairseq_insertion.runtime) takes it
+INSERTION = "insertion"  # an option fairseq's own generator (an autoregressive model through the task) does not read
 
-# the command-line flag of each option (the hub and Python take the field name)
-FLAGS = {
-    "decoding": "--decoding", "eos_penalty": "--eos-penalty", "eos_penalties": "--eos-penalties",
-    "max_len_a": "--max-len-a", "max_len_b": "--max-len-b", "max_iterations": "--max-iterations",
-    "block_neighbour_copies": "--block-neighbour-copies", "no_repeat_ngram_size": "--no-repeat-ngram-size",
-    "close_ended_slots": "--close-ended-slots", "constraint_order": "--constraints", "lenpen": "--lenpen",
-    "retain_history": "--retain-iter-history", "precision": "--decode-precision", "rerank_with": "--rerank-with",
-    "rerank_weight": "--rerank-weight", "unkpen": "--unkpen",
-    "nbest": "--nbest", "beam": "--beam",  # fairseq's, checked by check_search_options
-}
+
+def _option(default: Any, flag: str, *scopes: str) -> Any:
+    """A field of :class:`DecodingConfig`: its default, its command-line flag (the hub and Python take the
+    field name) and where it applies (:data:`RUNTIME`, :data:`INSERTION`)."""
+    return dataclasses.field(default=default, metadata={"flag": flag, "scopes": scopes})
 
 
 class DecodingError(ValueError):
@@ -87,22 +80,22 @@ class DecodingConfig:
     length-normalised log-probability + lambda x the model's own (normalised) score.
     """
 
-    decoding: str = "parallel"
-    eos_penalty: float = 0.0
-    eos_penalties: Tuple[float, ...] = ()
-    max_len_a: float = 2.0
-    max_len_b: int = 10
-    max_iterations: int = 0
-    block_neighbour_copies: bool = False
-    no_repeat_ngram_size: int = 0
-    close_ended_slots: bool = False
-    constraint_order: str = "ordered"
-    lenpen: float = 1.0
-    unkpen: float = 0.0
-    retain_history: bool = False
-    precision: str = "fp32"
-    rerank_with: Optional[str] = None
-    rerank_weight: float = 0.0
+    decoding: str = _option("parallel", "--decoding", RUNTIME, INSERTION)
+    eos_penalty: float = _option(0.0, "--eos-penalty", RUNTIME, INSERTION)
+    eos_penalties: Tuple[float, ...] = _option((), "--eos-penalties", INSERTION)
+    max_len_a: float = _option(2.0, "--max-len-a", RUNTIME)
+    max_len_b: int = _option(10, "--max-len-b", RUNTIME)
+    max_iterations: int = _option(0, "--max-iterations", RUNTIME, INSERTION)
+    block_neighbour_copies: bool = _option(False, "--block-neighbour-copies", RUNTIME, INSERTION)
+    no_repeat_ngram_size: int = _option(0, "--no-repeat-ngram-size", RUNTIME)
+    close_ended_slots: bool = _option(False, "--close-ended-slots", RUNTIME, INSERTION)
+    constraint_order: str = _option("ordered", "--constraints")
+    lenpen: float = _option(1.0, "--lenpen", RUNTIME)
+    unkpen: float = _option(0.0, "--unkpen")
+    retain_history: bool = _option(False, "--retain-iter-history")
+    precision: str = _option("fp32", "--decode-precision")
+    rerank_with: Optional[str] = _option(None, "--rerank-with", INSERTION)
+    rerank_weight: float = _option(0.0, "--rerank-weight")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -175,6 +168,16 @@ class DecodingConfig:
             rerank_with=get("rerank_with") or None,
             rerank_weight=get("rerank_weight", d.rerank_weight),
         )
+
+
+_FIELDS = dataclasses.fields(DecodingConfig)
+# the options of a single decode, which the deployment runtime takes; candidates, reranking, constraints and
+# reduced precision in PyTorch stay with fairseq
+RUNTIME_OPTIONS = tuple(f.name for f in _FIELDS if RUNTIME in f.metadata["scopes"])
+# the options fairseq's own generator does not read
+INSERTION_ONLY = tuple(f.name for f in _FIELDS if INSERTION in f.metadata["scopes"])
+# the command-line flag of each option, and of fairseq's two that check_search_options checks
+FLAGS = {**{f.name: f.metadata["flag"] for f in _FIELDS}, "nbest": "--nbest", "beam": "--beam"}
 
 
 def add_runtime_arguments(group: Any) -> None:

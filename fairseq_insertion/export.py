@@ -237,6 +237,40 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=enc.embed_tokens.num_embeddings)
 
 
+def shortlist_step(g: Graph, content: str, blocked: str, eos_penalty: str, specials: Tuple[int, int, int],
+                   V: int) -> None:
+    """The pass's step rule on its raw scores ``content`` (N, V) of the open slots: outputs ``tokens`` (N,)
+    the best token once bos, pad, the ``blocked`` (N, M) tokens are excluded and end-of-slot is
+    penalised by ``eos_penalty`` (N,); ``log_probs`` (N,) its log p(c | l), the penalty included when
+    end-of-slot wins; ``eos_log_probs`` (N,) log p(eos | l). The same choice as the PyTorch generator's
+    over the whole table (``tests/test_export_shortlist.py``), from the M + 4 best raw scores."""
+    bos, pad, eos = specials
+    # the step rule on a shortlist: the best token after excluding bos, pad, eos and the blocked tokens is
+    # among the M + 4 highest raw scores (M blocked per slot); end-of-slot (never blocked) is judged apart
+    M = g.op("Slice", g.op("Shape", blocked), g.ints(1), g.ints(2), g.ints(0))  # (1,)
+    k = g.op("Min", g.op("Add", M, g.ints(4)), g.ints(V))
+    top, top_ids = g.op("TopK", content, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
+    first = g.op("Slice", top, g.ints(0), g.ints(1), g.ints(1))  # (N, 1) the largest score
+    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, first)), g.ints(1),
+                                       keepdims=1)), first)  # (N, 1) log-normaliser
+    eos_score = g.op("Gather", content, g.const(np.asarray([eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
+    g.output("Squeeze", "eos_log_probs", g.op("Sub", eos_score, lse), g.ints(1))
+    rows = g.op("Shape", eos_score, end=1)  # (1,) N
+    special_ids = g.op("Expand", g.const(np.asarray([[bos, pad, eos]], dtype=np.int64), "specials"),
+                    g.op("Concat", rows, g.ints(3), axis=0))  # (N, 3)
+    excluded = g.op("Concat", blocked, special_ids, axis=1)  # (N, M + 3)
+    hit = g.op("Equal", g.op("Unsqueeze", top_ids, g.ints(2)), g.op("Unsqueeze", excluded, g.ints(1)))  # (N, k, M+3)
+    hit = g.op("ReduceMax", g.op("Cast", hit, to=TensorProto.FLOAT), axes=[2], keepdims=0)  # (N, k)
+    shortlist = g.op("Where", g.op("Cast", hit, to=TensorProto.BOOL), g.scalar(float("-inf")), top)
+    other = g.op("ReduceMax", shortlist, axes=[1], keepdims=1)  # (N, 1) the best token other than eos
+    other_id = g.op("GatherElements", top_ids, g.op("ArgMax", shortlist, axis=1, keepdims=1), axis=1)  # (N, 1)
+    eos_penalised = g.op("Sub", eos_score, g.op("Unsqueeze", eos_penalty, g.ints(1)))  # (N, 1)
+    eos_wins = g.op("Not", g.op("Less", eos_penalised, other))  # ties: eos, the lower id, as an argmax
+    g.output("Squeeze", "tokens", g.op("Where", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id),
+             g.ints(1))
+    g.output("Squeeze", "log_probs", g.op("Sub", g.op("Where", eos_wins, eos_penalised, other), lse), g.ints(1))
+
+
 def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     """One decoding pass (see the module's docstring for its inputs and outputs)."""
     dec = model.decoder
@@ -270,30 +304,7 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     C = dec.output_projection.weight.size(1)
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
     content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
-    # the step rule on a shortlist: the best token after excluding bos, pad, eos and the blocked tokens is
-    # among the M + 4 highest raw scores (M blocked per slot); end-of-slot (never blocked) is judged apart
-    M = g.op("Slice", g.op("Shape", "blocked"), g.ints(1), g.ints(2), g.ints(0))  # (1,)
-    k = g.op("Min", g.op("Add", M, g.ints(4)), g.ints(V))
-    top, top_ids = g.op("TopK", content, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
-    first = g.op("Slice", top, g.ints(0), g.ints(1), g.ints(1))  # (N, 1) the largest score
-    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, first)), g.ints(1),
-                                       keepdims=1)), first)  # (N, 1) log-normaliser
-    eos_score = g.op("Gather", content, g.const(np.asarray([eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
-    g.output("Squeeze", "eos_log_probs", g.op("Sub", eos_score, lse), g.ints(1))
-    rows = g.op("Shape", eos_score, end=1)  # (1,) N
-    specials = g.op("Expand", g.const(np.asarray([[bos, pad, eos]], dtype=np.int64), "specials"),
-                    g.op("Concat", rows, g.ints(3), axis=0))  # (N, 3)
-    excluded = g.op("Concat", "blocked", specials, axis=1)  # (N, M + 3)
-    hit = g.op("Equal", g.op("Unsqueeze", top_ids, g.ints(2)), g.op("Unsqueeze", excluded, g.ints(1)))  # (N, k, M+3)
-    hit = g.op("ReduceMax", g.op("Cast", hit, to=TensorProto.FLOAT), axes=[2], keepdims=0)  # (N, k)
-    shortlist = g.op("Where", g.op("Cast", hit, to=TensorProto.BOOL), g.scalar(float("-inf")), top)
-    other = g.op("ReduceMax", shortlist, axes=[1], keepdims=1)  # (N, 1) the best token other than eos
-    other_id = g.op("GatherElements", top_ids, g.op("ArgMax", shortlist, axis=1, keepdims=1), axis=1)  # (N, 1)
-    eos_penalised = g.op("Sub", eos_score, g.op("Unsqueeze", "eos_penalty", g.ints(1)))  # (N, 1)
-    eos_wins = g.op("Not", g.op("Less", eos_penalised, other))  # ties: eos, the lower id, as an argmax
-    g.output("Squeeze", "tokens", g.op("Where", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id),
-             g.ints(1))
-    g.output("Squeeze", "log_probs", g.op("Sub", g.op("Where", eos_wins, eos_penalised, other), lse), g.ints(1))
+    shortlist_step(g, content, "blocked", "eos_penalty", (bos, pad, eos), V)
     L, heads, hd = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),

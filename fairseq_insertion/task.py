@@ -16,6 +16,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
 from .checkpoints import check_checkpoint_file, dictionary_files, warm_start
+from .config import INSERTION_ONLY
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig, DecodingError, check_search_options
 from .fairseq_fixes import (
@@ -35,9 +36,6 @@ from .rerank import AutoregressiveScorer
 logger = logging.getLogger(__name__)
 
 DEFAULTS = DecodingConfig()  # every decoding default lives there
-# the options fairseq's own generator (an autoregressive model decoded through this task) does not read
-INSERTION_ONLY = ("decoding", "eos_penalty", "eos_penalties", "max_iterations", "block_neighbour_copies",
-                  "close_ended_slots", "rerank_with")
 
 # fairseq's generation options (--beam, --sampling, ...) for an insertion model. Read: by DecodingConfig, or by
 # fairseq's command lines around the generator (--nbest, --print-step, ...); --beam is 1 or fairseq's 5 in the

@@ -20,7 +20,7 @@ from fairseq_insertion import loop as L
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
-from fairseq_insertion.runtime import Options, Translator, TranslatorError
+from fairseq_insertion.runtime import Translator, TranslatorError
 from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 
 pytest.importorskip("onnxruntime")
@@ -108,7 +108,8 @@ def test_options_default_to_the_export_and_are_checked(trained):
     translator = Translator(out, intra_threads=1)
     assert translator.options().eos_penalty == 0.5
     assert translator.options(eos_penalty=2).eos_penalty == 2.0
-    assert set(Options._fields) == set(RUNTIME_OPTIONS)
+    assert isinstance(translator.options(), DecodingConfig) and "lenpen" in RUNTIME_OPTIONS
+    assert {k: getattr(translator.options(), k) for k in RUNTIME_OPTIONS} == translator.defaults
     with pytest.raises(DecodingError, match="max_len_b"):
         translator.options(max_len_b=-5)
     with pytest.raises(TypeError, match="rerank_with"):

@@ -61,20 +61,6 @@ class TranslationResult:
     iterations: List[int] = field(default_factory=list)
 
 
-class Options(NamedTuple):
-    """The decoding options of one ``translate_batch`` call (config.RUNTIME_OPTIONS), checked."""
-
-    decoding: str
-    eos_penalty: float
-    max_len_a: float
-    max_len_b: int
-    max_iterations: int
-    block_neighbour_copies: bool
-    no_repeat_ngram_size: int
-    close_ended_slots: bool
-    lenpen: float
-
-
 class Source(NamedTuple):
     """What every pass reuses of the active sentences' source side."""
 
@@ -93,7 +79,7 @@ class Passes:
     the active sentences, with one call's options; the source side follows the sentences that go on."""
 
     translator: "Translator"
-    opts: Options
+    opts: DecodingConfig
     xp: Any = L.NUMPY
 
     def predict(self, state: Canvases, source: Source) -> SlotScores:
@@ -183,11 +169,11 @@ class Translator:
         except PreprocessError as exc:
             raise TranslatorError(str(exc)) from None
 
-    def options(self, **options: Any) -> Options:
+    def options(self, **options: Any) -> DecodingConfig:
         """The options of a call: the export's, with ``options`` (DecodingConfig's field names) applied."""
         unknown = sorted(set(options) - set(RUNTIME_OPTIONS))
         if unknown:
-            raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(Options._fields)}")
+            raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(RUNTIME_OPTIONS)}")
         return _check({**self.defaults, **options})
 
     def encode(self, tokens: Sequence[str]) -> np.ndarray:
@@ -196,7 +182,7 @@ class Translator:
             raise TypeError(f"translate_batch takes token lists, got a string {tokens[:40]!r} (split it first)")
         return np.asarray([self.source_index.get(t, self.src_unk) for t in tokens] + [self.src_eos], dtype=np.int64)
 
-    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: Options
+    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig
                       ) -> List[Tuple[np.ndarray, float, int]]:
         """(target ids, score, iterations) of every source id array, in input order."""
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
@@ -215,7 +201,7 @@ class Translator:
         return results
 
     # ------------------------------------------------------------------ the loop
-    def _decode_batch(self, ids: List[np.ndarray], opts: Options) -> List[Tuple[np.ndarray, float, int]]:
+    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig) -> List[Tuple[np.ndarray, float, int]]:
         B = len(ids)
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
@@ -242,7 +228,7 @@ class Translator:
         score = log_prob / (out.lengths + 1).astype(np.float32) ** np.float32(opts.lenpen)
         return [(out.tokens[b, :out.lengths[b]], float(score[b]), int(out.iterations[b])) for b in range(B)]
 
-    def _predict(self, state: Canvases, source: Source, opts: Options) -> SlotScores:
+    def _predict(self, state: Canvases, source: Source, opts: DecodingConfig) -> SlotScores:
         """One pass: the best token and its log p(c | l) for every open slot."""
         framed = L.frame(L.NUMPY, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.shape[0], framed.shape[1] - 1
@@ -330,7 +316,6 @@ def _token_problem(token: Any) -> str:
     return ""
 
 
-def _check(values: Dict[str, Any]) -> Options:
+def _check(values: Dict[str, Any]) -> DecodingConfig:
     """The options, checked by DecodingConfig (a DecodingError names the option and the value)."""
-    cfg = DecodingConfig(**values)  # DecodingError names the option and the value
-    return Options(**{k: getattr(cfg, k) for k in Options._fields})
+    return DecodingConfig(**values)

@@ -32,8 +32,8 @@ from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional,
 import numpy as np
 
 from .. import preprocess as P
-from ..config import DecodingError, add_runtime_arguments
-from . import RUNTIME_OPTIONS, Options, Translator, TranslatorError
+from ..config import DecodingConfig, DecodingError, add_runtime_arguments
+from . import RUNTIME_OPTIONS, Translator, TranslatorError
 from .files import SETTINGS
 
 logger = logging.getLogger("fairseq_insertion.runtime")
@@ -97,7 +97,7 @@ def open_input(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
     return contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")
 
 
-def translate_lines(translator: Translator, opts: Options, lines: List[str], first: int, name: str,
+def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[str], first: int, name: str,
                     text: Tuple[Encode, Decode]) -> List[str]:
     """The output line of each input line; an empty one, with a warning naming the line, for a line
     that tokenises to nothing or is longer than the model's source positions."""
