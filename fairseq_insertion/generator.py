@@ -39,7 +39,6 @@ from .decoding import (
     Canvases,
     DecodingConfig,
     SlotScores,
-    StepRule,
     WordEdges,
     start_canvases,
 )
@@ -189,8 +188,7 @@ class InsertionGenerator:
             init = init.emptied(too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
         termination = _termination(model)
-        step = L.step_rule(TORCH, cfg.decoding, termination, self.eos)
-        close_ended = cfg.close_ended_slots and termination == "slot"
+        bounds = L.Bounds.build(TORCH, cfg, termination, self.eos, self.pad)
         betas = cfg.betas
         n = len(betas)  # candidates per sentence: row c of sentence b is b n + c
         beta = torch.tensor(betas, device=device).repeat(B)  # (B n,)
@@ -199,11 +197,11 @@ class InsertionGenerator:
             cache = model.reorder_decoding_cache(cache, order)
             init, max_len = init.take(order), max_len.index_select(0, order)
         if cfg.constraint_order == "unordered" and constraints is not None and init.tokens.size(1) > 0:
-            first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, step,
-                                 close_ended, retain_history=False).canvases
+            first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, bounds,
+                                 retain_history=False).canvases
             init = _reorder_constraints(init, first.tokens, first.lengths)
         edges = self.word_edges.to(device) if self.word_edges.active and init.tokens.size(1) > 0 else None
-        result = self._decode(model, cache, init, max_len, beta, step, close_ended, cfg.retain_history, edges)
+        result = self._decode(model, cache, init, max_len, beta, bounds, cfg.retain_history, edges)
         out = result.canvases
 
         rows = []
@@ -233,14 +231,12 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, step: StepRule,
-                close_ended: bool, retain_history: bool, edges: Optional[WordEdges] = None) -> DecodeResult:
+    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, bounds: L.Bounds,
+                retain_history: bool, edges: Optional[WordEdges] = None) -> DecodeResult:
         """The insertion loop (:func:`fairseq_insertion.loop.run`) from ``init``. ``edges``: keep the
         initial tokens (the constraints) whole words. Returns the final canvases of all B rows (in
         batch order) and the number of forward passes."""
-        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, close_ended)
-        bounds = L.Bounds(rule=step, max_iterations=self.config.max_iterations, close_ended=close_ended,
-                          eos=self.eos, pad=self.pad)
+        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, bounds.close_ended)
         out, passes = L.run(ModelBackend(self, model, edges), state, cache, bounds,
                             self._record if retain_history else None)
         return DecodeResult(canvases=out, passes=passes)

@@ -16,7 +16,8 @@ host round trip per pass (:meth:`Ops.host`): on a GPU the loop waits for the dev
 A canvas of k tokens has k + 1 slots; slot l sits just before canvas token l. Framed canvases are
 ``[bos] canvas [eos]``, right-padded: slot l lies between columns l and l + 1.
 
-This module imports numpy and the standard library only (the deployment runtime uses it).
+This module imports numpy, the standard library and :mod:`fairseq_insertion.config` only (the
+deployment runtime uses it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
+
+from .config import DecodingConfig
 
 Array = Any  # a numpy array or a torch tensor: one backend's arrays
 NEG_INF = float("-inf")
@@ -441,6 +444,13 @@ class Bounds(NamedTuple):
     close_ended: bool  # a slot that chose end-of-slot stays closed (slot finalization)
     eos: int
     pad: int
+
+    @classmethod
+    def build(cls, xp: Ops, config: DecodingConfig, termination: str, eos: int, pad: int) -> "Bounds":
+        """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the
+        iteration bound, and ``close_ended_slots`` (which only slot-finalization models use)."""
+        return cls(rule=step_rule(xp, config.decoding, termination, eos), max_iterations=config.max_iterations,
+                   close_ended=config.close_ended_slots and termination == "slot", eos=eos, pad=pad)
 
 
 class Pass(NamedTuple):

@@ -212,13 +212,11 @@ class Translator:
         max_len = np.clip((src_len.astype(np.float32) * np.float32(opts.max_len_a)
                            + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)
         max_len = np.where(src_len <= 1, 0, max_len)  # an empty source line: an empty translation
-        close_ended = opts.close_ended_slots and self.termination == "slot"
+        bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
         state = Canvases(rows=np.arange(B), tokens=np.zeros((B, 0), np.int64), scores=np.zeros((B, 0), np.float32),
-                         closed_before=np.zeros((B, 0), bool) if close_ended else None, closed_end=np.zeros(B, bool),
-                         lengths=np.zeros(B, np.int64), iterations=np.zeros(B, np.int64),
+                         closed_before=np.zeros((B, 0), bool) if bounds.close_ended else None,
+                         closed_end=np.zeros(B, bool), lengths=np.zeros(B, np.int64), iterations=np.zeros(B, np.int64),
                          final_eos=np.zeros(B, np.float32), max_len=max_len)
-        bounds = L.Bounds(rule=L.step_rule(L.NUMPY, opts.decoding, self.termination, self.eos),
-                          max_iterations=opts.max_iterations, close_ended=close_ended, eos=self.eos, pad=self.pad)
         out, passes = L.run(Passes(self, opts), state, source, bounds)
         for key, value in (("sentences", B), ("batches", 1), ("passes", passes),
                            ("iterations", int(out.iterations.sum())), ("tokens", int(out.lengths.sum()))):

@@ -1,0 +1,110 @@
+"""The one decoding loop (fairseq_insertion.loop) with an oracle in place of a model, on both backends'
+arrays (numpy for the runtime, torch for the PyTorch generator): the oracle proposes the middle token
+of every slot's missing span, so a parallel decode rebuilds each target in floor(log2 n) + 1
+iterations, greedy in n; the length limit and the room cap hold; the torch loop waits for the device
+once a pass."""
+
+from typing import List
+
+import numpy as np
+import pytest
+import torch
+
+from fairseq_insertion import loop as L
+from fairseq_insertion.canvas import TORCH, log2_bound
+from fairseq_insertion.config import DecodingConfig
+
+BOS, PAD, EOS = 0, 1, 2
+BACKENDS = {"numpy": (L.NUMPY, np.asarray), "torch": (TORCH, torch.tensor)}
+
+
+class Oracle:
+    """A backend whose pass knows the targets: each open slot's token is the (left) middle of the target
+    tokens still missing there, end-of-slot where none is; every score 0."""
+
+    def __init__(self, xp, wrap, targets: List[List[int]]):
+        self.xp, self.wrap, self.targets = xp, wrap, targets
+
+    def predict(self, state: L.Canvases, memory) -> L.SlotScores:
+        xp = self.xp
+        S = state.tokens.shape[1] + 1
+        open_ = L.open_slots(xp, state, S)
+        tokens = []
+        for a, row in enumerate(np.asarray(state.rows).tolist()):
+            canvas, target = np.asarray(state.tokens[a])[:int(state.lengths[a])].tolist(), self.targets[row]
+            cuts, j = [0], 0
+            for tok in canvas:  # the canvas is a subsequence of the target
+                j = target.index(tok, j) + 1
+                cuts.append(j)
+            cuts.append(len(target) + 1)
+            spans = [target[cuts[i]:cuts[i + 1] - 1] for i in range(len(canvas) + 1)]
+            tokens += [span[(len(span) - 1) // 2] if span else EOS for span in spans]
+        n = len(tokens)
+        location = self.wrap(np.where(np.asarray(open_), 0.0, -np.inf).astype(np.float32))
+        zeros = self.wrap(np.zeros(n, np.float32))
+        return L.slot_scores(xp, open_, self.wrap(np.asarray(tokens, np.int64)), zeros, zeros, location, EOS, False)
+
+    def reorder(self, memory, rows):
+        return memory
+
+
+def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[int]):
+    xp, wrap = BACKENDS[backend]
+    B = len(targets)
+    state = L.Canvases(rows=wrap(np.arange(B)), tokens=wrap(np.zeros((B, 0), np.int64)),
+                       scores=wrap(np.zeros((B, 0), np.float32)), closed_before=None,
+                       closed_end=wrap(np.zeros(B, bool)), lengths=wrap(np.zeros(B, np.int64)),
+                       iterations=wrap(np.zeros(B, np.int64)), final_eos=wrap(np.zeros(B, np.float32)),
+                       max_len=wrap(np.asarray(max_len, np.int64)))
+    bounds = L.Bounds.build(xp, DecodingConfig(decoding=decoding), "slot", EOS, PAD)
+    out, passes = L.run(Oracle(xp, wrap, targets), state, None, bounds)
+    lengths = np.asarray(out.lengths).tolist()
+    return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), passes
+
+
+def random_targets(seed: int, B: int = 6) -> List[List[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.choice(np.arange(4, 60), size=int(rng.integers(0, 20)), replace=False).tolist()  # no repeats
+            for _ in range(B)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parallel_rebuilds_every_target_in_log2_iterations(backend):
+    for seed in range(5):
+        targets = random_targets(seed)
+        hyps, iterations, passes = decode(backend, targets, "parallel", [2 * len(t) + 10 for t in targets])
+        assert hyps == targets
+        n = np.asarray([len(t) for t in targets])
+        assert (iterations == log2_bound(torch.tensor(n)).numpy()).all()
+        assert passes == iterations.max() + 1  # the last pass only finds end-of-slot
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_inserts_one_token_a_pass(backend):
+    targets = random_targets(7)
+    hyps, iterations, _ = decode(backend, targets, "greedy", [2 * len(t) + 10 for t in targets])
+    assert hyps == targets and iterations.tolist() == [len(t) for t in targets]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_length_limit_stops_a_canvas_exactly_there(backend):
+    targets = [list(range(4, 24)), list(range(30, 37)), []]
+    hyps, _, _ = decode(backend, targets, "parallel", [5, 3, 4])
+    assert [len(h) for h in hyps] == [5, 3, 0]
+    for hyp, target in zip(hyps, targets):  # the room cap kept a subsequence of the target
+        it = iter(target)
+        assert all(tok in it for tok in hyp)
+
+
+def test_both_backends_decode_alike():
+    targets = random_targets(11, B=9)
+    limits = [max(1, len(t) - 3) for t in targets]
+    assert decode("numpy", targets, "parallel", limits)[0] == decode("torch", targets, "parallel", limits)[0]
+
+
+def test_the_torch_loop_makes_one_host_round_trip_a_pass(monkeypatch):
+    calls = []
+    host = TORCH.host
+    monkeypatch.setattr(type(TORCH), "host", lambda self, *scalars: calls.append(len(scalars)) or host(*scalars))
+    _, _, passes = decode("torch", random_targets(3), "parallel", [40] * 6)
+    assert passes > 2 and len(calls) == passes + 1  # one a pass, and one before the first
