@@ -1,2 +1,2 @@
-"""The side-by-side benchmark (``python -m benchmarks.run``, from the repository root) and the decoding
-profile (``python -m benchmarks.profile_decode``); ``benchmarks/README.md`` has the results."""
+"""Measuring checkpoints that exist: the harness (``harness.py``), the report (``report.py``) and the
+comparisons over them (``peers``, ``engines``, ``constrained``); ``benchmarks/README.md`` has the results."""

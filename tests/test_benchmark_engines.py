@@ -2,6 +2,7 @@
 batch gets a row with numbers, the comparisons are made, the JSON holds placeholders for the paths and
 renders to the same table; CTranslate2's rows are left out, with a note, where it cannot be imported."""
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from benchmarks import engines as E
+from benchmarks import harness as H
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, reverse_data, run, train_args
 
@@ -42,8 +44,12 @@ def results(kit, tmp_path_factory):
     return out, json.loads((out / "engines.json").read_text())
 
 
+def ctranslate2_available():
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
 def expected_engines():
-    return [k for k in E.ENGINES if E.ENGINES[k][1] != "ctranslate2" or E.ctranslate2_available()]
+    return [k for k, s in E.systems(None, None).items() if s.engine != "ctranslate2" or ctranslate2_available()]
 
 
 def test_every_engine_thread_count_and_batch_has_a_row_with_numbers(results):
@@ -68,7 +74,7 @@ def test_every_engine_thread_count_and_batch_has_a_row_with_numbers(results):
             assert r["mean_iterations"] >= 1 and r["mean_log2_bound"] >= 1, r
             if r["batch"] == 1:
                 assert r["passes_per_sentence"] >= r["mean_iterations"], r
-    if not E.ctranslate2_available():
+    if not ctranslate2_available():
         assert any("ctranslate2" in n for n in res["notes"])
     assert {(b["engine_key"], b["batch"]) for b in res["best_threads"]} == {
         (k, b) for k in expected_engines() for b in BATCHES}
@@ -82,7 +88,7 @@ def test_the_runtime_gives_the_pytorch_hypotheses_and_every_comparison_is_made(r
         assert all(p["identical"] == p["sentences"] == SENTENCES for p in mine), mine
     metrics = [t["metric"] for t in res["targets"]]
     assert any(m.startswith("runtime int8 - fp32 BLEU") for m in metrics)
-    if E.ctranslate2_available():
+    if ctranslate2_available():
         for precision in ("fp32", "int8"):
             speed = [t for t in res["targets"] if t["metric"].startswith(f"runtime / CTranslate2 seconds, {precision}, "
                                                                          "batch 1 ")]
@@ -98,12 +104,12 @@ def test_paths_are_placeholders_and_the_table_renders_again(results):
     text = (out / "engines.json").read_text()
     assert str(out) not in text and str(REPO) not in text and str(out.parent) not in text
     assert res["command"].startswith("python -m benchmarks.engines --teacher ") and "--out OUT " in res["command"]
-    assert "--path INS/checkpoint_last.pt" in res["prepared"]["runtime_int8"]["command"]
-    assert "--int8" in res["prepared"]["runtime_int8"]["command"]
+    assert "--insertion INS/checkpoint_last.pt" in res["command"] and "--data-bin DATA-BIN " in res["command"]
+    assert (out / "export" / "insertion_runtime_int8" / "pass.onnx").is_file()  # the runtime's export, int8
     assert res["machine"] and res["versions"]["onnxruntime"] and res["thread_counts"] == list(THREADS)
     table = (out / "engines.md").read_text()
     (out / "engines.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.engines", "--out", str(out), "--render"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.engines", "--render", str(out / "engines.json")], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "engines.md").read_text() == table == proc.stdout
@@ -132,9 +138,7 @@ def test_bad_input_is_named(kit, tmp_path):
     assert proc.returncode == 2 and f"--insertion {tmp_path / 'missing.pt'}: not found" in proc.stderr
 
 
-def test_schedule_and_output_limit():
+def test_schedule_longest_first():
     sources = [["a"] * n for n in (2, 5, 3, 5, 1)]
-    assert E.schedule(sources, 2) == [[1, 3], [2, 0], [4]]
-    assert sorted(i for b in E.schedule(sources, 1) for i in b) == list(range(5))
-    # fairseq's limit: int(1.2 x (width + end marker) + 10), capped by the model's positions
-    assert E.output_limit(5, (1.2, 10), 1023) == 17 and E.output_limit(5, (1.2, 10), 12) == 12
+    assert H.schedule(sources, 2) == [[1, 3], [2, 0], [4]]
+    assert sorted(i for b in H.schedule(sources, 1) for i in b) == list(range(5))

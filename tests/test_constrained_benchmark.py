@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from benchmarks import harness as H
+from examples.multi30k.constraints import draw
 from examples.multi30k.prepare import prepare
 from tests.test_repo_hygiene import machine_paths
 from tests.test_warm_start import train_teacher
@@ -46,17 +48,18 @@ def kit(tmp_path_factory):
 def test_constrained_benchmark_end_to_end(kit, tmp_path):
     root, teacher = kit
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "benchmarks.constrained", "--out", str(out), "--raw-dir", str(root / "raw"),
+    cmd = [sys.executable, "-m", "benchmarks.constrained", "--out", str(out), "--refs", str(root / "data" / "raw"),
            "--teacher", str(teacher), "--data-bin", str(root / "data" / "data-bin"),
-           "--bpe-codes", str(root / "data" / "bpe.codes"), "--insertion", str(root / "ins" / "checkpoint_last.pt"),
-           "--quality-only", "--betas", "1", "3", "--candidates", "0,2", "--lenpens", "1"]
+           "--insertion", str(root / "ins" / "checkpoint_last.pt"), "--quality-only", "--betas", "1", "3",
+           "--candidates", "0,2", "--lenpens", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "constrained.json").read_text())
-    assert results["failed"] == {} and results["timed"] is False
-    drawn = [line.split("\t") for line in (out / "constraints" / "test.txt").read_text().splitlines()]
+    assert results["quality_only"] is True and results["sentences"] == 12
+    # the constraints: drawn from the data-bin's subword targets, as documented
+    targets = [" ".join(p) for p in H.pieces(root / "data" / "data-bin", "test", 1)]
+    drawn = draw(targets, 1, 3)
     assert len(drawn) == 12 and all(1 <= len(cs) <= 2 for cs in drawn)
-    assert results["constraints"]["test"]["constraints"] == sum(map(len, drawn))
     assert results["beam_probe"]["smallest_beam"] == 1  # fairseq's constrained beam search takes beam 1
     rows = {r["name"]: r for r in results["systems"]}
     assert sorted(rows) == sorted(["ar_greedy", "ar_beam5", "ar_beam5_constrained", "ar_beam1_constrained",
@@ -65,24 +68,22 @@ def test_constrained_benchmark_end_to_end(kit, tmp_path):
         assert 0.0 <= r["bleu"] <= 100.0 and r["constraints"] == sum(map(len, drawn)), r["name"]
         assert r["decode_seconds_batch1"] is None and r["decode_seconds_batch128"] is None  # not timed
         assert r["same_outputs_batch1_batch128"]["sentences"] == 12, r["name"]
-        assert "fairseq-interactive" in r["command"] or "fairseq_cli.interactive" in r["command"]
+        assert r["constrained"] == (r["settings"].get("constraints") == "ordered"), r["name"]
     for name in ("ins_parallel_constrained", "ins_rerank_constrained"):
-        assert rows[name]["whole_word_rate"] == 1.0, rows[name]
-        assert "--constraints ordered" in rows[name]["command"]
+        assert rows[name]["usage_rate"] == 1.0, rows[name]
     assert rows["ins_parallel_constrained"]["settings"]["eos_penalty"] in (1.0, 3.0)
     assert rows["ins_rerank_constrained"]["settings"]["eos_penalties"] == [0.0, 2.0]
-    assert "--rerank-with" in rows["ins_rerank_constrained"]["command"]
+    assert rows["ins_rerank_constrained"]["settings"]["rerank_with"] == "KIT/checkpoint_last.pt"
+    assert rows["ar_beam5_constrained"]["settings"] == {"beam": 5, "max_len_a": 2.0, "max_len_b": 50,
+                                                        "constraints": "ordered"}
     # the plugin decodes the same at batch 1 and 128
     assert rows["ins_parallel_constrained"]["same_outputs_batch1_batch128"]["all_same"]
     assert results["targets"][0]["met"] is True
     table = (out / "constrained.md").read_text()
     assert all(f"| {n} |" in table for n in rows) and "Not timed" in table
     text = (out / "constrained.json").read_text()  # this machine's paths as placeholders
-    assert list(machine_paths(text)) == [] and "--out OUT" in text and "MODELS/ins/checkpoint_last.pt" in text
-    # a second run into the same OUT reuses every decode whose command is the same, and redoes the others
-    again = subprocess.run([*cmd[:-4], "--candidates", "0,3", "--lenpens", "1"], capture_output=True, text=True,
-                           cwd=REPO)
-    assert again.returncode == 0, again.stderr[-3000:]
-    decoded = [line for line in again.stderr.splitlines() if line.startswith("+ ")]
-    assert decoded and all("--eos-penalties 0,3" in line for line in decoded), decoded
-    assert len(decoded) == 2 + 2 * 2  # valid with and without constraints; two rows at batch 128 and 1
+    assert list(machine_paths(text)) == [] and "--out OUT" in text and "--insertion INS1/checkpoint_last.pt" in text
+    (out / "constrained.md").unlink()
+    again = subprocess.run([sys.executable, "-m", "benchmarks.constrained", "--render", str(out / "constrained.json")],
+                           capture_output=True, text=True, cwd=REPO)
+    assert again.returncode == 0 and (out / "constrained.md").read_text() == table == again.stdout

@@ -118,3 +118,47 @@ def test_from_pretrained_returns_the_insertion_hub_interface():
     returns = inspect.signature(InsertionTransformerModel.from_pretrained).return_annotation
     assert returns in ("InsertionHubInterface", hub_interface.InsertionHubInterface)
     assert not hasattr(InsertionTransformerModel, "hub_interface")
+
+
+# The benchmark measures checkpoints through the package's public rooms only: the package itself (its
+# registrations), config (DecodingConfig), export (the ONNX export) and runtime (the Translator); and from
+# examples/ only the recipes that make what it measures and their shared steps.
+PUBLIC_ROOMS = {NAME, f"{NAME}.config", f"{NAME}.export", f"{NAME}.runtime"}
+RECIPES = {"examples.commands", "examples.steps", "examples.generate_output", "examples.multi30k.systems",
+           "examples.multi30k.constraints"}
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def imported_modules(source: str, package: str) -> Set[str]:
+    """Every module ``source`` (a module of ``package``) imports, anywhere in it, relative imports resolved;
+    ``from X import y`` counts as X, or as X.y where X is a package."""
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module if not node.level else f"{package}.{node.module}" if node.module else package
+            folder = PACKAGE.parent / base.replace(".", "/")
+            found.update(f"{base}.{a.name}" if (folder / a.name).is_dir() or (folder / f"{a.name}.py").is_file()
+                         else base for a in node.names)
+    return found
+
+
+def test_the_benchmark_imports_only_public_rooms_and_recipes():
+    modules = sorted(BENCHMARKS.glob("*.py"))
+    assert len(modules) >= 4
+    wrong = {p.name: sorted(m for m in imported_modules(p.read_text(), "benchmarks")
+                            if (m.split(".")[0] == NAME and m not in PUBLIC_ROOMS)
+                            or (m.split(".")[0] == "examples" and m not in RECIPES))
+             for p in modules}
+    assert not {name: found for name, found in wrong.items() if found}, wrong
+    seen = set().union(*(imported_modules(p.read_text(), "benchmarks") for p in modules))
+    assert f"{NAME}.runtime" in seen and "examples.multi30k.systems" in seen  # the check reads what is there
+
+
+def test_the_benchmark_import_check_sees_lazy_relative_and_package_imports():
+    assert imported_modules("def f():\n    from fairseq_insertion.model import M\n", "benchmarks") == {
+        "fairseq_insertion.model"}
+    assert imported_modules("from . import harness as H\n", "benchmarks") == {"benchmarks.harness"}
+    assert imported_modules("from examples.multi30k import recipe\n", "benchmarks") == {"examples.multi30k.recipe"}
+    assert imported_modules("import fairseq_insertion.generator\n", "benchmarks") == {"fairseq_insertion.generator"}
