@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,21 +262,15 @@ def preprocess_command(destdir: Path, source_lang: str = "src", target_lang: str
             "--destdir", str(destdir), *(["--joined-dictionary"] if joined else []), "--workers", str(workers)]
 
 
-def run(cmd: Sequence[str], log: Path, stdout: Path | None = None, stdin: Path | None = None,
-        launcher: Callable[..., int] | None = None) -> float:
+def run(cmd: Sequence[str], log: Path, stdout: Path | None = None, stdin: Path | None = None) -> float:
     """Run ``cmd`` with its output in ``log`` (stdout in ``stdout`` when given, standard input from
-    ``stdin``); return its wall seconds. Raises RecipeError with the log's tail when it fails.
-    ``launcher(cmd, stdin=, stdout=, stderr=)`` (open files) runs it and returns its exit status instead
-    of a plain subprocess (the benchmark's pre-started processes, ``benchmarks/prestart.py``)."""
+    ``stdin``); return its wall seconds. Raises RecipeError with the log's tail when it fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     with log.open("w") as err, (stdout.open("w") if stdout else log.open("a")) as out, \
             (stdin or Path(os.devnull)).open() as inp:
-        if launcher is not None:
-            rc = launcher(list(cmd), stdin=inp, stdout=out, stderr=err)
-        else:
-            rc = subprocess.run(list(cmd), stdin=inp, stdout=out, stderr=err, check=False).returncode
+        rc = subprocess.run(list(cmd), stdin=inp, stdout=out, stderr=err, check=False).returncode
     if rc != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
         raise RecipeError(f"command failed (exit {rc}); log {log}:\n{tail}")

@@ -171,16 +171,15 @@ def head_subset(data_bin: Path, subset: str, n: int, dest: Path, pair: tuple[str
 
 def decode(data_bin: Path, checkpoint: Path, out: Path, references: list[str], lang: str | None,
            model: str = "insertion", subset: str = "test", head: int | None = None,
-           launcher: Callable[..., int] | None = None, **generate) -> dict:
+           **generate) -> dict:
     """Translate ``subset`` (its first ``head`` sentences when given) into ``out`` and score it
     against ``references`` (raw lines; ``lang``: the Moses detokeniser's language, None for none).
-    Returns BLEU, lengths, iterations, fairseq's generation seconds and the command.
-    ``launcher``: how the command is started (:func:`examples.commands.run`)."""
+    Returns BLEU, lengths, iterations, fairseq's generation seconds and the command."""
     if head is not None and head < len(references):
         data_bin = head_subset(data_bin, subset, head, out.parent / f"{subset}-head{head}")
         references = references[:head]
     cmd = generate_command(data_bin, checkpoint, model, subset=subset, **generate)
-    run(cmd, out.with_suffix(".log"), stdout=out, launcher=launcher)
+    run(cmd, out.with_suffix(".log"), stdout=out)
     gen = read_generate_output(out, out.with_suffix(".log"))
     try:
         result = score(gen, references, lang, p_specials=2 if model in FAIRSEQ_NAT else 1)

@@ -21,7 +21,8 @@ step can be repeated by hand::
     python -m examples.multi30k.recipe plot --generate-output work/bt/eval/test.out --png work/bt/iterations.png
 
 ``--device cuda`` (default: cuda when torch sees a GPU, else cpu) and ``--updates``
-apply to every step. The benchmark (``python -m benchmarks.run``) is built from these functions.
+apply to every step. ``python -m examples.multi30k.systems`` trains every model the benchmark measures
+with these functions.
 """
 
 from __future__ import annotations
