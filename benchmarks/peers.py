@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> tuple:
-    systems = [s for name in args.sets for s in SETS[name] if (not args.systems or s.name in args.systems)
-               and (args.device == "cuda" or not s.options.get("half"))]  # fairseq's fp16 needs CUDA
+    systems = list({s.name: s for name in args.sets for s in SETS[name] if (not args.systems or s.name in args.systems)
+                    and (args.device == "cuda" or not s.options.get("half"))}.values())  # fp16 needs CUDA
     names = T.placeholders({"MODELS": args.models, "DATA": args.data, "OUT": args.out, "KIT": args.teacher and
                             args.teacher.parent, "INS": args.warm_model and args.warm_model.parent})
     args.teacher = args.teacher or args.models / "ar" / "checkpoint_last.pt"
