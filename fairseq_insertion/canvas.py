@@ -424,13 +424,11 @@ def word_edge_slots(framed: Tensor, given: Tensor, joins_next: Tensor, eos: int)
 class TorchOps:
     """:class:`fairseq_insertion.loop.Ops` for torch tensors (the PyTorch generator), on their device."""
 
-    _DTYPES = {"bool": torch.bool, "long": torch.long, "float": torch.float32}
-
     def arange(self, n: int, like: Tensor) -> Tensor:
         return torch.arange(n, device=like.device)
 
-    def full(self, shape, value, like: Tensor, dtype=None) -> Tensor:
-        return torch.full(shape, value, dtype=self._DTYPES[dtype] if dtype else like.dtype, device=like.device)
+    def full(self, shape, value, like: Tensor) -> Tensor:
+        return torch.full(shape, value, dtype=like.dtype, device=like.device)
 
     def where(self, cond, a, b) -> Tensor:
         return torch.where(cond, a, b)

@@ -2,7 +2,7 @@
 from (paper: "Inference"). The loop itself, its typed state (:class:`Canvases`,
 :class:`SlotScores`, :class:`Insertions`) and the step rules live in :mod:`fairseq_insertion.loop`
 (torch-free, shared with the deployment runtime), every option and its default,
-:class:`DecodingConfig`, in :mod:`fairseq_insertion.config`; both are re-exported here.
+:class:`DecodingConfig`, in :mod:`fairseq_insertion.config` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,16 +24,7 @@ from .config import (  # noqa: F401  re-exported: decoding's options live in con
     check_search_options,
     parse_betas,
 )
-from .loop import (  # noqa: F401  re-exported: the loop's state and step rules, shared with the runtime
-    Canvases,
-    GreedySequenceStep,
-    GreedySlotStep,
-    Insertions,
-    ParallelStep,
-    SlotScores,
-    StepRule,
-    step_rule,
-)
+from .loop import Canvases
 
 # ---------------------------------------------------------------- word edges
 # the subword schemes of fairseq's --post-process whose word edges the decoder keeps at constraints; the

@@ -33,15 +33,8 @@ from torch import Tensor
 from . import canvas as C
 from . import loop as L
 from .canvas import TORCH, InitialCanvas
-from .decoding import (
-    CONSTRAINT_ORDERS,
-    DECODINGS,
-    Canvases,
-    DecodingConfig,
-    SlotScores,
-    WordEdges,
-    start_canvases,
-)
+from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, WordEdges, start_canvases
+from .loop import Canvases, SlotScores
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ class Ops(Protocol):
 
     def arange(self, n: int, like: Array) -> Array: ...
 
-    def full(self, shape: Tuple[int, ...], value: Any, like: Array, dtype: Optional[str] = None) -> Array:
-        """``dtype``: "bool", "long", "float" or None (``like``'s)."""
+    def full(self, shape: Tuple[int, ...], value: Any, like: Array) -> Array:
+        """``value`` everywhere, of ``like``'s type and place."""
 
     def where(self, cond: Array, a: Any, b: Any) -> Array: ...
 
@@ -79,13 +79,11 @@ class Ops(Protocol):
 class NumpyOps:
     """:class:`Ops` for numpy (the deployment runtime)."""
 
-    _DTYPES = {"bool": np.bool_, "long": np.int64, "float": np.float32}
-
     def arange(self, n: int, like: Array) -> Array:
         return np.arange(n)
 
-    def full(self, shape, value, like, dtype=None):
-        return np.full(shape, value, dtype=self._DTYPES[dtype] if dtype else like.dtype)
+    def full(self, shape, value, like):
+        return np.full(shape, value, dtype=like.dtype)
 
     def where(self, cond, a, b):
         return np.where(cond, a, b)
@@ -154,7 +152,7 @@ def closed_slots(xp: Ops, closed_before: Array, closed_end: Array, lengths: Arra
     """(B, S) True at the closed slots: slot l < k is the slot before token l, slot k the last one.
     closed_before: (B, K) with K < S; closed_end: (B,)."""
     K = closed_before.shape[1]
-    closed = xp.full((closed_before.shape[0], num_slots), False, like=closed_end, dtype="bool")
+    closed = xp.full((closed_before.shape[0], num_slots), False, like=closed_end)
     closed[:, :K] = closed_before
     return xp.put(closed, lengths[:, None], closed_end[:, None])
 
@@ -257,11 +255,8 @@ def word_edge_slots(xp: Ops, framed: Array, given: Array, joins_next: Array, eos
     a constraint token) and no_end (no end-of-slot: its left neighbour is a constraint token that
     continues into the next token, ``schö@@``, and its right neighbour is end-of-sentence or a
     constraint token)."""
-    B, S = framed.shape[0], framed.shape[1] - 1
-    left_given = xp.full((B, S), False, like=given, dtype="bool")  # (B, S) bos and eos are not given
-    left_given[:, 1:] = given
-    right_given = xp.full((B, S), False, like=given, dtype="bool")
-    right_given[:, :-1] = given
+    edge = xp.full((given.shape[0], 1), False, like=given)  # bos and eos are not given
+    left_given, right_given = xp.concat([edge, given], 1), xp.concat([given, edge], 1)  # (B, S)
     complete = left_given & joins_next[framed[:, :-1]] & (right_given | (framed[:, 1:] == eos))
     return right_given | complete, left_given, complete
 

@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clip-norm", type=float, default=1.0, help="gradient clipping, 0: none")
     args = p.parse_args(argv)
     schedule = {"warmup": args.warmup, "dropout": args.dropout, "clip_norm": args.clip_norm or None}
-    plan = Plan(args.data.resolve(), args.out.resolve(), Size(*args.size), args.updates,
-                args.device or default_device(), args.max_tokens, schedule,
-                *(x.resolve() if x else None for x in (args.teacher, args.distilled)))
+    plan = Plan(data=args.data.resolve(), out=args.out.resolve(), size=Size(*args.size), updates=args.updates,
+                device=args.device or default_device(), max_tokens=args.max_tokens, schedule=schedule,
+                teacher=args.teacher and args.teacher.resolve(), distilled=args.distilled and args.distilled.resolve())
     try:
         check_given(plan)
         records = make(plan, args.only or [n for n in TRAININGS if "fp16" not in n], args.jobs)
