@@ -20,7 +20,7 @@ Vocabulary used throughout (Stern et al., 2019):
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -293,22 +293,15 @@ def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Te
 # ----------------------------------------------------------------------------
 # Hard constraints and templates (the initial canvas is given)
 # ----------------------------------------------------------------------------
-class InitialCanvas(NamedTuple):
-    """Where a decode starts: the empty canvas, or one holding hard constraints."""
+class InitialCanvas(L.Start):
+    """Where a decode starts (:class:`fairseq_insertion.loop.Start`) on torch tensors."""
 
-    tokens: Tensor  # (B, K) padded with pad
-    lengths: Tensor  # (B,)
-    closed_before: Tensor  # (B, K) the slot just before token j is closed
-    closed_end: Tensor  # (B,) the last slot is closed
-    segment: Tensor  # (B, K) the index of the constraint each token comes from
+    __slots__ = ()
 
     @classmethod
     def empty(cls, batch: int, device, pad: int) -> "InitialCanvas":
         """The unconstrained start: an empty canvas, every slot open."""
-        long0 = torch.full((batch, 0), pad, dtype=torch.long, device=device)
-        return cls(tokens=long0, lengths=torch.zeros(batch, dtype=torch.long, device=device),
-                   closed_before=long0.bool(), closed_end=torch.zeros(batch, dtype=torch.bool, device=device),
-                   segment=long0.clone())
+        return cls(*L.Start.blank(TORCH, batch, torch.zeros(0, dtype=torch.long, device=device), pad))
 
     def take(self, idx: Tensor) -> "InitialCanvas":
         """The rows ``idx`` (N,), e.g. a sentence once per candidate."""
@@ -322,49 +315,10 @@ class InitialCanvas(NamedTuple):
 
 
 def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
-    """The initial canvas of a constrained decode, from fairseq's packed constraints.
-
-    packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints``
-    form: ``[m, c_1 tokens, 0, c_2 tokens, 0, ..., 0 ...]`` (m constraints, each
-    followed by a 0). A ``gap`` token inside a constraint marks an open slot
-    (a template's ``___``); it is not put on the canvas.
-
-    Which slots are closed (never receive an insertion): the slot between two
-    adjacent tokens of one constraint, unless a gap separates them; the slot
-    before the first token (slot 0) when the first constraint is a template
-    (holds a gap) that does not start with a gap; the last slot when the last
-    constraint is a template that does not end with a gap. Slots between
-    constraints are open.
-
-    Returns the :class:`InitialCanvas`: tokens (B, K) padded with ``pad``,
-    lengths (B,), closed_before (B, K) (True: the slot just before token j is
-    closed), closed_end (B,) (the last slot is closed) and segment (B, K) (the
-    index of the constraint each token comes from).
-    """
-    B = packed.size(0)
-    m = packed[:, 0] if packed.size(1) > 0 else packed.new_zeros(B)  # (B,)
-    body = torch.nn.functional.pad(packed[:, 1:], (0, 1), value=0)  # (B, M) a final 0 closes a truncated row
-    sep = body.eq(0)
-    segment = sep.long().cumsum(1) - sep.long()  # (B, M) constraint index of every position
-    inside = segment < m.unsqueeze(1)
-    is_gap = body.eq(gap) & ~sep & inside
-    real = ~sep & inside & ~is_gap  # (B, M) tokens that go on the canvas
-    glued = real & torch.nn.functional.pad(real[:, :-1], (1, 0), value=False)  # real and preceded by a real token
-    # templates anchor the sentence start / end
-    first_template = (is_gap & segment.eq(0)).any(1)  # (B,)
-    last_template = (is_gap & segment.eq((m - 1).unsqueeze(1))).any(1)  # (B,)
-    closes_last = sep & (segment + 1).eq(m.unsqueeze(1))  # (B, M) the 0 that ends the last constraint
-    last_pos = (closes_last.long().argmax(1) - 1).clamp(min=0)  # (B,) its last position
-    ends_with_gap = is_gap.gather(1, last_pos.unsqueeze(1)).squeeze(1)
-    closed_start = first_template & ~is_gap[:, 0]  # (B,)
-    closed_end = last_template & ~ends_with_gap & m.gt(0)
-    canvas, lengths = gather_canvas(body, real, pad)
-    keep_pos = gather_canvas(torch.arange(body.size(1), device=body.device).expand_as(body), real, 0)[0]  # (B, K)
-    first = torch.arange(canvas.size(1), device=body.device).unsqueeze(0).eq(0)  # (1, K)
-    closed_before = glued.gather(1, keep_pos) | (first & closed_start.unsqueeze(1))
-    closed_before &= slot_mask(lengths - 1, canvas.size(1))  # False on padding
-    return InitialCanvas(tokens=canvas, lengths=lengths, closed_before=closed_before, closed_end=closed_end,
-                         segment=segment.gather(1, keep_pos))
+    """The initial canvas of a constrained decode, from fairseq's packed constraints (B, C), a ``gap``
+    token inside a constraint marking a template's open slot: see :func:`fairseq_insertion.loop.constraint_canvas`
+    (the same rule for the runtime). Returns the :class:`InitialCanvas`."""
+    return InitialCanvas(*L.constraint_canvas(TORCH, packed, gap, pad))
 
 
 def closed_slots(closed_before: Tensor, closed_end: Tensor, lengths: Tensor, num_slots: int) -> Tensor:

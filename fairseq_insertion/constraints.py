@@ -12,7 +12,6 @@ real constraint token can be.
 """
 
 import logging
-import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -20,11 +19,11 @@ from fairseq.token_generation_constraints import pack_constraints
 from torch import Tensor
 
 from .fairseq_fixes import read_text_lines
+from .preprocess import GAP
+from .preprocess import GAP_SPLIT as _GAP_SPLIT
 
 logger = logging.getLogger(__name__)
 
-GAP = "___"
-_GAP_SPLIT = re.compile(r"(?<!\S)___(?!\S)")  # ___ as a whole whitespace-delimited word
 
 EncodeFn = Optional[Callable[[str], str]]
 

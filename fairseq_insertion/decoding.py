@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from . import loop as L
 from .canvas import InitialCanvas
 from .config import (  # noqa: F401  re-exported: decoding's options live in config.py
     CONSTRAINT_ORDERS,
@@ -27,22 +28,13 @@ from .config import (  # noqa: F401  re-exported: decoding's options live in con
 from .loop import Canvases
 
 # ---------------------------------------------------------------- word edges
-# the subword schemes of fairseq's --post-process whose word edges the decoder keeps at constraints; the
-# dictionary says which one it uses (WordEdges.from_dictionary)
-WORD_SCHEMES = ("subword_nmt", "_EOW", "sentencepiece", "none")
-SENTENCEPIECE_SPACE = "\u2581"
+WORD_SCHEMES = L.WORD_SCHEMES  # the subword schemes whose word edges the decoder keeps at constraints
 
 
 class WordEdges(NamedTuple):
     """Which dictionary entries glue onto a neighbour in the post-processed text, so that a
-    constraint can be kept whole words (see :func:`canvas.word_edge_slots`).
-
-    ``subword_nmt`` (``@@ ``): a piece ending in ``@@`` joins the next token. ``_EOW``: a
-    piece not ending in ``_EOW`` joins the next token. ``sentencepiece`` (``▁`` starts a
-    word): a piece without ``▁`` that holds a letter or digit joins the previous token
-    (punctuation such as ``.`` after a word keeps the word whole). ``none``: every token
-    is a word. Special symbols join nothing.
-    """
+    constraint can be kept whole words (the schemes: :func:`fairseq_insertion.loop.word_edge_table`;
+    the rule: :func:`fairseq_insertion.loop.word_edge_bans`). Special symbols join nothing."""
 
     scheme: str
     joins_next: Tensor  # (V,) bool
@@ -68,28 +60,8 @@ class WordEdges(NamedTuple):
         """The word edges of a fairseq dictionary. ``scheme``: one of :data:`WORD_SCHEMES`, or
         None: the one most of the dictionary's entries are marked for (``@@`` at the end,
         ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
-        symbols = list(dictionary.symbols)
-        words = symbols[dictionary.nspecial:]
-        if scheme is None:
-            marked = {"subword_nmt": sum(w.endswith("@@") for w in words),
-                      "_EOW": sum(w.endswith("_EOW") for w in words),
-                      "sentencepiece": sum(w.startswith(SENTENCEPIECE_SPACE) for w in words)}
-            best = max(marked, key=marked.get)
-            scheme = best if marked[best] else "none"
-        if scheme not in WORD_SCHEMES:
-            raise ValueError(f"word scheme must be one of {WORD_SCHEMES}, got {scheme!r}")
-        special = [i < dictionary.nspecial for i in range(len(symbols))]
-        if scheme == "subword_nmt":
-            nxt = [w.endswith("@@") for w in symbols]
-        elif scheme == "_EOW":
-            nxt = [not w.endswith("_EOW") for w in symbols]
-        else:
-            nxt = [False] * len(symbols)
-        prev = [scheme == "sentencepiece" and not w.startswith(SENTENCEPIECE_SPACE) and any(c.isalnum() for c in w)
-                for w in symbols]
-        keep = torch.tensor([not s for s in special], dtype=torch.bool)
-        return cls(scheme=scheme, joins_next=torch.tensor(nxt, dtype=torch.bool) & keep,
-                   joins_prev=torch.tensor(prev, dtype=torch.bool) & keep)
+        scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
+        return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))
 
 
 # ---------------------------------------------------------------- the state of the loop

@@ -9,7 +9,9 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   values, ``keys``/``values`` (L, B, heads, S, head dim), computed once per batch;
 * ``pass.onnx``: one decoding pass: framed canvases (A, T+2), the cached keys and values, the
   source padding, the open slots (N flat indices into the A x (T+1) slots), the tokens each open
-  slot may not receive (N, M) and each open slot's EOS penalty (N,) -> each open slot's best
+  slot may not receive (N, M), each open slot's EOS penalty (N,) and the word-edge rule at
+  constraints (``word_edges`` (N,): which subword pieces it may not receive; ``no_end`` (N,): whether it
+  may end; :func:`~fairseq_insertion.loop.word_edge_bans`) -> each open slot's best
   token, its log p(c | l) and its end-of-slot log-probability (N,), and log p(l) of every slot
   (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
@@ -57,6 +59,7 @@ from torch import nn
 from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
 from .fast_decoder import cacheable
+from .loop import word_edge_table
 from .runtime.files import BPE_CODES, CHECKED, ENCODER, FORMAT_VERSION, PASS, SETTINGS, VOCABS, file_digests
 
 logger = logging.getLogger(__name__)
@@ -237,19 +240,33 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=enc.embed_tokens.num_embeddings)
 
 
+def word_edge_rule(g: Graph, content: str, classes: str, joins_next: np.ndarray, joins_prev: np.ndarray) -> str:
+    """The word-edge rule (:func:`fairseq_insertion.loop.word_edge_bans`) on the open slots' scores ``content``
+    (N, V): ``classes`` (N,) int64, 1 where no token that joins the next one may go (``joins_next``, (V,)),
+    2 where none that joins the previous one may (``joins_prev``), 3 both, 0 neither -> (N, V), -inf at
+    the banned tokens."""
+    table = np.zeros((4, len(joins_next)), dtype=np.float32)
+    for row, banned in ((1, joins_next), (2, joins_prev), (3, joins_next | joins_prev)):
+        table[row, banned] = float("-inf")
+    return g.op("Add", content, g.op("Gather", g.const(table, "word_edges"), classes, axis=0))
+
+
 def shortlist_step(g: Graph, content: str, blocked: str, eos_penalty: str, specials: Tuple[int, int, int],
-                   V: int) -> None:
+                   V: int, chosen: Optional[str] = None, no_end: Optional[str] = None) -> None:
     """The pass's step rule on its raw scores ``content`` (N, V) of the open slots: outputs ``tokens`` (N,)
     the best token once bos, pad, the ``blocked`` (N, M) tokens are excluded and end-of-slot is
     penalised by ``eos_penalty`` (N,); ``log_probs`` (N,) its log p(c | l), the penalty included when
     end-of-slot wins; ``eos_log_probs`` (N,) log p(eos | l). The same choice as the PyTorch generator's
-    over the whole table (``tests/test_export_shortlist.py``), from the M + 4 best raw scores."""
+    over the whole table (``tests/test_export_shortlist.py``), from the M + 4 best raw scores.
+    ``chosen``: the scores to choose from (the word-edge rule applied), ``content`` by default; ``no_end``
+    (N,) bool: end-of-slot excluded, unless no other token is left (then it ends the slot)."""
     bos, pad, eos = specials
+    chosen = chosen or content
     # the step rule on a shortlist: the best token after excluding bos, pad, eos and the blocked tokens is
     # among the M + 4 highest raw scores (M blocked per slot); end-of-slot (never blocked) is judged apart
     M = g.op("Slice", g.op("Shape", blocked), g.ints(1), g.ints(2), g.ints(0))  # (1,)
     k = g.op("Min", g.op("Add", M, g.ints(4)), g.ints(V))
-    top, top_ids = g.op("TopK", content, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
+    top, top_ids = g.op("TopK", chosen, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
     first = g.op("Slice", top, g.ints(0), g.ints(1), g.ints(1))  # (N, 1) the largest score
     lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, first)), g.ints(1),
                                        keepdims=1)), first)  # (N, 1) log-normaliser
@@ -265,7 +282,10 @@ def shortlist_step(g: Graph, content: str, blocked: str, eos_penalty: str, speci
     other = g.op("ReduceMax", shortlist, axes=[1], keepdims=1)  # (N, 1) the best token other than eos
     other_id = g.op("GatherElements", top_ids, g.op("ArgMax", shortlist, axis=1, keepdims=1), axis=1)  # (N, 1)
     eos_penalised = g.op("Sub", eos_score, g.op("Unsqueeze", eos_penalty, g.ints(1)))  # (N, 1)
-    eos_wins = g.op("Not", g.op("Less", eos_penalised, other))  # ties: eos, the lower id, as an argmax
+    allowed = eos_penalised if no_end is None else g.op(
+        "Where", g.op("Unsqueeze", no_end, g.ints(1)), g.scalar(float("-inf")), eos_penalised)  # (N, 1)
+    # ties: eos, the lower id, as an argmax; a slot left with no token at all ends
+    eos_wins = g.op("Not", g.op("Less", allowed, other))
     g.output("Squeeze", "tokens", g.op("Where", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id),
              g.ints(1))
     g.output("Squeeze", "log_probs", g.op("Sub", g.op("Where", eos_wins, eos_penalised, other), lse), g.ints(1))
@@ -304,7 +324,9 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     C = dec.output_projection.weight.size(1)
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
     content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
-    shortlist_step(g, content, "blocked", "eos_penalty", (bos, pad, eos), V)
+    _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
+    chosen = word_edge_rule(g, content, "word_edges", joins_next, joins_prev)
+    shortlist_step(g, content, "blocked", "eos_penalty", (bos, pad, eos), V, chosen, "no_end")
     L, heads, hd = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
@@ -313,7 +335,9 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
          _io("src_padding", TensorProto.BOOL, ["rows", "source"]),
          _io("open_slots", TensorProto.INT64, ["open"]),
          _io("blocked", TensorProto.INT64, ["open", "blocked"]),
-         _io("eos_penalty", TensorProto.FLOAT, ["open"])],
+         _io("eos_penalty", TensorProto.FLOAT, ["open"]),
+         _io("word_edges", TensorProto.INT64, ["open"]),
+         _io("no_end", TensorProto.BOOL, ["open"])],
         [_io("tokens", TensorProto.INT64, ["open"]), _io("log_probs", TensorProto.FLOAT, ["open"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open"]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
         vocab_size=V)

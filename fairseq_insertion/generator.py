@@ -275,15 +275,14 @@ class InsertionGenerator:
         word must be completed (:func:`canvas.word_edge_slots`); with sequence finalization, no
         end-of-sequence while a sentence has such a slot. Returns the end-of-slot scores before the
         rule (N,), for a slot left with no allowed token at all (a tiny vocabulary), which may end."""
-        no_next, no_prev, no_end = C.word_edge_slots(framed, given, edges.joins_next, self.eos)  # (A, S)
-        if sequence:
-            no_end = no_end.any(1, keepdim=True) & open_
+        no_next, no_prev, no_end = L.word_edge_bans(TORCH, framed, given, edges.joins_next, self.eos, open_,
+                                                    sequence)  # (N,) each
         end = content[:, self.eos].clone()
         if edges.joins_next_any:
-            content.masked_fill_(no_next[open_].unsqueeze(1) & edges.joins_next, float("-inf"))
+            content.masked_fill_(no_next.unsqueeze(1) & edges.joins_next, float("-inf"))
         if edges.joins_prev_any:
-            content.masked_fill_(no_prev[open_].unsqueeze(1) & edges.joins_prev, float("-inf"))
-        content[:, self.eos].masked_fill_(no_end[open_], float("-inf"))
+            content.masked_fill_(no_prev.unsqueeze(1) & edges.joins_prev, float("-inf"))
+        content[:, self.eos].masked_fill_(no_end, float("-inf"))
         return end
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:

@@ -261,6 +261,121 @@ def word_edge_slots(xp: Ops, framed: Array, given: Array, joins_next: Array, eos
     return right_given | complete, left_given, complete
 
 
+def word_edge_bans(xp: Ops, framed: Array, given: Array, joins_next: Array, eos: int, open_: Array,
+                   sequence: bool) -> Tuple[Array, Array, Array]:
+    """The word-edge rule at the open slots ``open_`` (A, S), for both backends: (no_next, no_prev,
+    no_end), (N,) each, row-major (:func:`word_edge_slots`); with sequence finalization (``sequence``), no
+    end-of-sequence while a sentence has a slot that must complete a constraint's word."""
+    no_next, no_prev, no_end = word_edge_slots(xp, framed, given, joins_next, eos)  # (A, S)
+    if sequence:
+        no_end = no_end.any(1)[:, None] & open_
+    return no_next[open_], no_prev[open_], no_end[open_]
+
+
+# the subword schemes whose word edges the decoder keeps at constraints (fairseq's --post-process names); a
+# dictionary's entries say which one it uses (word_edge_table)
+WORD_SCHEMES = ("subword_nmt", "_EOW", "sentencepiece", "none")
+SENTENCEPIECE_SPACE = "\u2581"
+
+
+def word_edge_table(symbols: Sequence[str], nspecial: int, scheme: Optional[str] = None
+                    ) -> Tuple[str, np.ndarray, np.ndarray]:
+    """Which entries of a vocabulary glue onto a neighbour in the post-processed text: (scheme,
+    joins_next (V,), joins_prev (V,)); the first ``nspecial`` entries (bos, pad, eos, unk) glue onto
+    nothing.
+
+    ``subword_nmt`` (``@@ ``): a piece ending in ``@@`` joins the next token. ``_EOW``: a piece not
+    ending in ``_EOW`` joins the next token. ``sentencepiece`` (``\u2581`` starts a word): a piece without
+    it that holds a letter or digit joins the previous token (punctuation after a word keeps the word
+    whole). ``none``: every token is a word. ``scheme`` None: the one most entries are marked for."""
+    words = symbols[nspecial:]
+    if scheme is None:
+        marked = {"subword_nmt": sum(w.endswith("@@") for w in words),
+                  "_EOW": sum(w.endswith("_EOW") for w in words),
+                  "sentencepiece": sum(w.startswith(SENTENCEPIECE_SPACE) for w in words)}
+        best = max(marked, key=marked.get)
+        scheme = best if marked[best] else "none"
+    if scheme not in WORD_SCHEMES:
+        raise ValueError(f"word scheme must be one of {WORD_SCHEMES}, got {scheme!r}")
+    if scheme == "subword_nmt":
+        nxt = [w.endswith("@@") for w in symbols]
+    elif scheme == "_EOW":
+        nxt = [not w.endswith("_EOW") for w in symbols]
+    else:
+        nxt = [False] * len(symbols)
+    prev = [scheme == "sentencepiece" and not w.startswith(SENTENCEPIECE_SPACE) and any(c.isalnum() for c in w)
+            for w in symbols]
+    keep = np.arange(len(symbols)) >= nspecial
+    return scheme, np.asarray(nxt, dtype=bool) & keep, np.asarray(prev, dtype=bool) & keep
+
+
+# ---------------------------------------------------------------- constraints on the initial canvas
+class Start(NamedTuple):
+    """Where a decode starts: the empty canvas, or one holding hard constraints."""
+
+    tokens: Array  # (B, K) padded with pad
+    lengths: Array  # (B,)
+    closed_before: Array  # (B, K) the slot just before token j is closed
+    closed_end: Array  # (B,) the last slot is closed
+    segment: Array  # (B, K) the index of the constraint each token comes from
+
+    @classmethod
+    def blank(cls, xp: Ops, batch: int, like: Array, pad: int) -> "Start":
+        """The unconstrained start of ``batch`` rows: empty canvases, every slot open; ``like``: an int64 array."""
+        none = xp.full((batch, 0), pad, like=like)
+        zeros = xp.full((batch,), 0, like=like)
+        return cls(tokens=none, lengths=zeros, closed_before=none != none, closed_end=zeros > 0, segment=none + 0)
+
+
+def pack(constraints: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """fairseq's packed form (``fairseq.token_generation_constraints.pack_constraints``) of every sentence's
+    constraints (token id lists): (B, C) ``[m, c_1 tokens, 0, c_2 tokens, 0, ...]``, 0 after."""
+    rows = [[len(cs)] + [t for c in cs for t in (*c, 0)] for cs in constraints]
+    out = np.zeros((len(rows), max((len(r) for r in rows), default=0)), dtype=np.int64)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    return out
+
+
+def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
+    """The initial canvas of a constrained decode, from fairseq's packed constraints.
+
+    packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints`` form:
+    ``[m, c_1 tokens, 0, c_2 tokens, 0, ..., 0 ...]`` (m constraints, each followed by a 0). A ``gap``
+    token inside a constraint marks an open slot (a template's ``___``); it is not put on the canvas.
+
+    Which slots are closed (never receive an insertion): the slot between two adjacent tokens of one
+    constraint, unless a gap separates them; the slot before the first token (slot 0) when the first
+    constraint is a template (holds a gap) that does not start with a gap; the last slot when the last
+    constraint is a template that does not end with a gap. Slots between constraints are open."""
+    B = packed.shape[0]
+    m = packed[:, 0] if packed.shape[1] > 0 else xp.full((B,), 0, like=packed)  # (B,)
+    body = xp.concat([packed[:, 1:], xp.full((B, 1), 0, like=packed)], 1)  # (B, M) a final 0 closes a cut row
+    sep = body == 0
+    segment = xp.long(sep).cumsum(1) - xp.long(sep)  # (B, M) constraint index of every position
+    inside = segment < m[:, None]
+    is_gap = (body == gap) & ~sep & inside
+    real = ~sep & inside & ~is_gap  # (B, M) tokens that go on the canvas
+    glued = real & xp.concat([xp.full((B, 1), False, like=real), real[:, :-1]], 1)  # preceded by a real token
+    first_template = (is_gap & (segment == 0)).any(1)  # (B,) templates anchor the sentence start / end
+    last_template = (is_gap & (segment == (m - 1)[:, None])).any(1)
+    closes_last = sep & (segment + 1 == m[:, None])  # (B, M) the 0 that ends the last constraint
+    last_pos = (xp.long(closes_last).argmax(1) - 1).clip(min=0)  # (B,) its last position
+    ends_with_gap = xp.gather(is_gap, last_pos[:, None])[:, 0]
+    closed_start = first_template & ~is_gap[:, 0]
+    closed_end = last_template & ~ends_with_gap & (m > 0)
+    M = body.shape[1]
+    lengths = xp.long(real).sum(1)  # (B,)
+    K = xp.host(lengths.max())[0] if B else 0
+    column = xp.arange(M, like=body)[None, :]
+    within = xp.arange(K, like=body)[None, :] < lengths[:, None]  # (B, K)
+    keep_pos = xp.where(within, xp.argsort(xp.where(real, column, column + M))[:, :K], 0)  # (B, K) kept, in order
+    first = xp.arange(K, like=body)[None, :] == 0
+    closed_before = (xp.gather(glued, keep_pos) | (first & closed_start[:, None])) & within
+    return Start(tokens=xp.where(within, xp.gather(body, keep_pos), pad), lengths=lengths,
+                 closed_before=closed_before, closed_end=closed_end, segment=xp.gather(segment, keep_pos))
+
+
 # ---------------------------------------------------------------- the state of the loop
 class Canvases(NamedTuple):
     """The decoding state: one row per sentence (the active ones inside the loop). Built and changed by

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 RECORD = "preprocess.json"  # beside a data-bin: how its text was prepared
+GAP = "___"  # inside a constraint, a template's open slot
+GAP_SPLIT = re.compile(r"(?<!\S)___(?!\S)")  # ___ as a whole whitespace-delimited word
 TOKENIZERS = ("moses",)
 BPE_KINDS = ("subword_nmt",)
 LANG = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -123,6 +125,13 @@ def prepare_line(line: str, settings: Preprocessing, lang: Optional[str] = None)
     """A raw line as the training data's lines were prepared: tokenised in ``lang`` (default: the
     source language), then BPE'd; pieces separated by single spaces, an empty line empty."""
     return apply_bpe_line(tokenize_line(line, settings, lang), settings)
+
+
+def prepare_constraint(text: str, settings: Preprocessing) -> str:
+    """A raw constraint (words of the target text; ``___`` marks a template gap) as the target side was
+    prepared: each part between gaps prepared as a line in the target language, the gaps kept."""
+    parts = [prepare_line(part, settings, settings.target_lang) for part in GAP_SPLIT.split(text.strip())]
+    return f" {GAP} ".join(parts).strip()
 
 
 def tokenize_line(line: str, settings: Preprocessing, lang: Optional[str] = None) -> str:

@@ -21,6 +21,14 @@ exported with.
 training data was (the export's recorded preprocessing, :mod:`fairseq_insertion.preprocess`), the
 outputs detokenised.
 
+Terminology: ``constraints=`` gives each sentence's hard constraints, each a token list (raw phrases
+with ``translate_text``), that must appear verbatim, whole words and in the given order
+(``translate_batch([["a", "dog"]], constraints=[[["ein", "Hund"]]])``); ``___`` inside a constraint
+marks a template gap. They go on the initial canvas and the slots inside them stay closed, as in the
+PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fairseq_insertion.loop.word_edge_bans`).
+A sentence's length limit is raised to hold its constraints; constraints over the model's target
+positions give an empty translation with a warning naming the input.
+
 An export is checked when it is loaded (:mod:`fairseq_insertion.runtime.files`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
 :class:`TranslatorError` naming the file and key, or the argument.
@@ -41,7 +49,7 @@ import numpy as np
 from .. import loop as L
 from ..config import RUNTIME_OPTIONS, DecodingConfig
 from ..loop import Canvases, SlotScores
-from ..preprocess import PreprocessError, Preprocessing, detokenize, prepare_line
+from ..preprocess import GAP, PreprocessError, Preprocessing, detokenize, prepare_constraint, prepare_line
 from . import files as F
 from .files import TranslatorError
 
@@ -124,6 +132,12 @@ class Translator:
         self.source_index: Dict[str, int] = {}
         for i, s in enumerate(self.source_symbols):
             self.source_index.setdefault(s, i)
+        self.target_index: Dict[str, int] = {}
+        for i, s in enumerate(self.target_symbols):
+            self.target_index.setdefault(s, i)
+        # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
+        self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
+                                                                  1 + max(self.bos, self.eos, self.pad, self.unk))
         self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers)
         self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
@@ -135,36 +149,46 @@ class Translator:
 
     # ------------------------------------------------------------------ API
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
+                        constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None,
                         **options: Any) -> List[TranslationResult]:
         """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
         :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
         sentences decoded together (0: all; sentences of similar length go together).
-        options: decoding options (see the module), the export's values by default. A source that
-        is not a list of lists of tokens (non-empty strings without whitespace) or a max_batch_size
-        that is not an integer >= 0 is refused with a TranslatorError naming it."""
+        constraints: per input, its hard constraints, each a list of target pieces (``___``: a
+        template gap), in the order they must appear. options: decoding options (see the module), the
+        export's values by default. A source or constraints that are not lists of token lists
+        (non-empty strings without whitespace), or a max_batch_size that is not an integer >= 0, is
+        refused with a TranslatorError naming it."""
         _check_source(source)
         max_batch_size = _count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
+        given = None if constraints is None else self.encode_constraints(constraints, len(source))
         ids = [self.encode(tokens) for tokens in source]
-        return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts)]
+        return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts, given)]
 
     def translate_text(self, lines: Sequence[str], max_batch_size: int = 0,
-                       preprocessing: Optional[Preprocessing] = None, **options: Any) -> List[str]:
+                       preprocessing: Optional[Preprocessing] = None,
+                       constraints: Optional[Sequence[Sequence[str]]] = None, **options: Any) -> List[str]:
         """Translate raw lines: each prepared as the training data was (:func:`~fairseq_insertion.preprocess.
         prepare_line` with ``preprocessing``, default the export's record), its best hypothesis
         detokenised (BPE joins removed, Moses-detokenised in the target language); an empty line, or one
-        that tokenises to nothing, gives an empty string. Needs sacremoses and subword-nmt."""
-        if isinstance(lines, str) or not isinstance(lines, (list, tuple)) or \
-                not all(isinstance(line, str) for line in lines):
-            raise TranslatorError(f"lines: expected a list of str lines, got {type(lines).__name__}"
-                                  + (f" {lines[:40]!r}" if isinstance(lines, str) else ""))
+        that tokenises to nothing, gives an empty string. constraints: per line, its raw target phrases,
+        prepared as the target side was (:func:`~fairseq_insertion.preprocess.prepare_constraint`).
+        Needs sacremoses and subword-nmt."""
+        _check_lines(lines, "lines")
+        if constraints is not None:
+            _check_rows(constraints, len(lines))
+            for i, phrases in enumerate(constraints):
+                _check_lines(phrases, f"constraints[{i}]")
         settings = preprocessing or self.preprocessing
         if settings is None:
             raise TranslatorError(f"{self.model_dir / F.SETTINGS}: records no preprocessing (export with "
                                   "--tokenizer moses ... or pass preprocessing=Preprocessing(...))")
         try:
             source = [prepare_line(line, settings).split() for line in lines]
-            results = self.translate_batch(source, max_batch_size, **options)
+            pieces = None if constraints is None else [
+                [prepare_constraint(c, settings).split() for c in phrases] for phrases in constraints]
+            results = self.translate_batch(source, max_batch_size, constraints=pieces, **options)
             return [detokenize(r.hypotheses[0], settings) for r in results]
         except PreprocessError as exc:
             raise TranslatorError(str(exc)) from None
@@ -182,26 +206,74 @@ class Translator:
             raise TypeError(f"translate_batch takes token lists, got a string {tokens[:40]!r} (split it first)")
         return np.asarray([self.source_index.get(t, self.src_unk) for t in tokens] + [self.src_eos], dtype=np.int64)
 
-    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig
+    def encode_constraints(self, constraints: Sequence[Sequence[Sequence[str]]], n: int,
+                           names: Optional[Sequence[str]] = None) -> List[List[np.ndarray]]:
+        """Every input's constraints (lists of target pieces) as target ids, ``___`` as the gap (pad); one
+        list per input, ``n`` of them. A special symbol is refused and an unknown piece read as unk with a
+        warning, each naming the constraint (``names``: how each input is called, default ``input i``)."""
+        _check_rows(constraints, n)
+        special = {self.target_symbols[i]: i for i in (self.bos, self.eos, self.pad)}
+        out = []
+        for i, cs in enumerate(constraints):
+            name = names[i] if names is not None else f"input {i}"
+            if not isinstance(cs, (list, tuple)) or isinstance(cs, str):
+                raise TranslatorError(f"constraints[{i}]: expected a list of token lists, got {type(cs).__name__}")
+            row = []
+            for j, tokens in enumerate(cs):
+                where = f"constraints[{i}][{j}]"
+                _check_tokens(tokens, where)
+                found = [t for t in tokens if t in special]
+                if found:
+                    raise TranslatorError(f"{where}: holds the special symbol(s) {' '.join(found)}; a constraint is "
+                                          f"pieces of the target text (a template gap is {GAP})")
+                if all(t == GAP for t in tokens):
+                    raise TranslatorError(f"{where}: no piece besides template gaps ({GAP})")
+                unknown = [t for t in tokens if t != GAP and t not in self.target_index]
+                if unknown:
+                    logger.warning("%s: constraint %r holds %d piece(s) not in the target vocabulary, read as "
+                                   "<unk>: %s", name, " ".join(tokens), len(unknown), " ".join(map(repr, unknown)))
+                row.append(np.asarray([self.pad if t == GAP else self.target_index.get(t, self.unk) for t in tokens],
+                                      dtype=np.int64))
+            out.append(row)
+        return out
+
+    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
+                      constraints: Optional[Sequence[Sequence[np.ndarray]]] = None
                       ) -> List[Tuple[np.ndarray, float, int]]:
-        """(target ids, score, iterations) of every source id array, in input order."""
+        """(target ids, score, iterations) of every source id array, in input order; ``constraints``: each
+        input's constraints as target ids (pad: a template gap)."""
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
         too_long = lengths > self.max_source_positions
         for i in np.flatnonzero(too_long).tolist():
             logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
                            i, lengths[i], self.max_source_positions)
+        if constraints is not None:
+            held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64)
+            over = held > self.max_target_positions - 2
+            for i in np.flatnonzero(over & ~too_long).tolist():
+                logger.warning("input %d: its constraints hold %d tokens, over the model's %d target positions; "
+                               "its translation is empty", i, held[i], self.max_target_positions - 2)
+            too_long = too_long | over
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         results: List[Tuple[np.ndarray, float, int]] = [(np.zeros(0, np.int64), 0.0, 0)] * len(ids)
         for b in range(0, len(ids), size):
             batch = [int(i) for i in order[b:b + size] if not too_long[i]]
             if batch:
-                for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts)):
+                given = None if constraints is None else [constraints[i] for i in batch]
+                for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts, given)):
                     results[i] = r
         return results
 
     # ------------------------------------------------------------------ the loop
-    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig) -> List[Tuple[np.ndarray, float, int]]:
+    def _start(self, constraints: Optional[List[List[np.ndarray]]], B: int) -> L.Start:
+        """The initial canvases: empty, or holding each sentence's constraints."""
+        if constraints is not None and any(len(cs) for cs in constraints):
+            return L.constraint_canvas(L.NUMPY, L.pack(constraints), gap=self.pad, pad=self.pad)
+        return L.Start.blank(L.NUMPY, B, np.zeros(0, np.int64), self.pad)
+
+    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig,
+                      constraints: Optional[List[List[np.ndarray]]] = None) -> List[Tuple[np.ndarray, float, int]]:
         B = len(ids)
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
@@ -211,12 +283,17 @@ class Translator:
         limit = self.max_target_positions - 2
         max_len = np.clip((src_len.astype(np.float32) * np.float32(opts.max_len_a)
                            + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)
-        max_len = np.where(src_len <= 1, 0, max_len)  # an empty source line: an empty translation
+        start = self._start(constraints, B)
+        # an empty source line: an empty translation, unless constrained; the limit holds the constraints
+        max_len = np.where(start.lengths > 0, np.maximum(max_len, start.lengths), np.where(src_len <= 1, 0, max_len))
         bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
-        state = Canvases(rows=np.arange(B), tokens=np.zeros((B, 0), np.int64), scores=np.zeros((B, 0), np.float32),
-                         closed_before=np.zeros((B, 0), bool) if bounds.close_ended else None,
-                         closed_end=np.zeros(B, bool), lengths=np.zeros(B, np.int64), iterations=np.zeros(B, np.int64),
-                         final_eos=np.zeros(B, np.float32), max_len=max_len)
+        K = start.tokens.shape[1]
+        edges = K > 0 and self.word_scheme != "none"  # the constraints kept whole words
+        state = Canvases(rows=np.arange(B), tokens=start.tokens, scores=np.zeros((B, K), np.float32),
+                         closed_before=start.closed_before if bounds.close_ended or K > 0 else None,
+                         closed_end=start.closed_end, lengths=start.lengths.copy(), iterations=np.zeros(B, np.int64),
+                         final_eos=np.zeros(B, np.float32), max_len=max_len,
+                         given=np.arange(K)[None, :] < start.lengths[:, None] if edges else None)
         out, passes = L.run(Passes(self, opts), state, source, bounds)
         for key, value in (("sentences", B), ("batches", 1), ("passes", passes),
                            ("iterations", int(out.iterations.sum())), ("tokens", int(out.lengths.sum()))):
@@ -240,11 +317,18 @@ class Translator:
                 blocked = np.full((len(open_slots), 1), self.pad, np.int64)
         else:
             blocked = np.full((len(open_slots), 1), self.pad, np.int64)
+        sequence = opts.decoding == "greedy" and self.termination == "sequence"
+        if state.given is not None:  # the word-edge rule next to the constraints: the graph's classes 1, 2, 3
+            no_next, no_prev, no_end = L.word_edge_bans(L.NUMPY, framed, state.given, self._joins_next, self.eos,
+                                                        open_, sequence)  # (N,) each
+            word_edges = no_next.astype(np.int64) + 2 * no_prev
+        else:
+            word_edges, no_end = np.zeros(len(open_slots), np.int64), np.zeros(len(open_slots), bool)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
             "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
             "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty)})
-        sequence = opts.decoding == "greedy" and self.termination == "sequence"
+            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty), "word_edges": word_edges,
+            "no_end": no_end})
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 
     def _penalties(self, n: int, beta: float) -> np.ndarray:
@@ -293,15 +377,37 @@ def _check_source(source: Any) -> None:
     if not isinstance(source, (list, tuple)):
         raise TranslatorError(f"source: expected a list of token lists, got {type(source).__name__}")
     for i, tokens in enumerate(source):
-        if isinstance(tokens, str):
-            raise TranslatorError(f"source[{i}]: expected a list of str tokens, got a str {tokens[:40]!r} "
-                                  "(split it into the model's pieces first)")
-        if not isinstance(tokens, (list, tuple)):
-            raise TranslatorError(f"source[{i}]: expected a list of str tokens, got {type(tokens).__name__}")
-        for j, token in enumerate(tokens):
-            problem = _token_problem(token)
-            if problem:
-                raise TranslatorError(f"source[{i}][{j}]: {problem}")
+        _check_tokens(tokens, f"source[{i}]")
+
+
+def _check_tokens(tokens: Any, name: str) -> None:
+    """A list (or tuple) of non-empty str tokens without whitespace, called ``name``."""
+    if isinstance(tokens, str):
+        raise TranslatorError(f"{name}: expected a list of str tokens, got a str {tokens[:40]!r} "
+                              "(split it into the model's pieces first)")
+    if not isinstance(tokens, (list, tuple)):
+        raise TranslatorError(f"{name}: expected a list of str tokens, got {type(tokens).__name__}")
+    for j, token in enumerate(tokens):
+        problem = _token_problem(token)
+        if problem:
+            raise TranslatorError(f"{name}[{j}]: {problem}")
+
+
+def _check_rows(constraints: Any, n: int) -> None:
+    """``constraints``: a list (or tuple) of one entry per input, ``n`` of them."""
+    if isinstance(constraints, str) or not isinstance(constraints, (list, tuple)):
+        raise TranslatorError(f"constraints: expected a list with one list of constraints per input, got "
+                              f"{type(constraints).__name__}")
+    if len(constraints) != n:
+        raise TranslatorError(f"constraints: {len(constraints)} lists for {n} inputs; give one per input "
+                              "(an empty list: none)")
+
+
+def _check_lines(lines: Any, name: str) -> None:
+    """A list (or tuple) of str lines, called ``name``."""
+    if isinstance(lines, str) or not isinstance(lines, (list, tuple)) or not all(isinstance(x, str) for x in lines):
+        raise TranslatorError(f"{name}: expected a list of str lines, got {type(lines).__name__}"
+                              + (f" {lines[:40]!r}" if isinstance(lines, str) else ""))
 
 
 def _token_problem(token: Any) -> str:

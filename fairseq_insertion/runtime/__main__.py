@@ -16,6 +16,11 @@ gives an empty output line and a warning naming the line (numbered from 1). When
 output goes away (``| head -1``), translation stops quietly with exit status 0. The decoding
 options default to the export's; each on/off option has a ``--no-`` form that switches off what
 the export switched on. Errors are one line on standard error, with exit status 2.
+
+With ``--constraints`` (fairseq-interactive's format) each input line is the source, then its hard
+constraints after tabs (``source<TAB>constraint<TAB>constraint``; ``___`` inside one marks a template
+gap): each appears in the output verbatim, whole words, in the given order. With ``--tokenizer
+moses`` the constraints are raw target text, prepared as the target side was.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import itertools
 import logging
 import os
 import sys
-from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -42,6 +47,14 @@ PROG = "python -m fairseq_insertion.runtime"
 
 Encode = Callable[[str], List[str]]
 Decode = Callable[[List[str]], str]
+
+
+class Text(NamedTuple):
+    """How a line's source and constraints become pieces, and target pieces an output line."""
+
+    encode: Encode
+    decode: Decode
+    constraint: Encode
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -65,16 +78,18 @@ def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
         first += len(batch)
 
 
-def text_pipeline(args: argparse.Namespace, translator: Translator) -> Tuple[Encode, Decode]:
-    """How a line becomes source pieces, and target pieces an output line: with ``--tokenizer moses``, the
-    export's recorded preprocessing with the options given applied (its codes read before any line)."""
+def text_pipeline(args: argparse.Namespace, translator: Translator) -> Text:
+    """How a line becomes source pieces (and constraint pieces), and target pieces an output line: with
+    ``--tokenizer moses``, the export's recorded preprocessing with the options given applied (its codes
+    read before any line)."""
     settings = P.from_arguments(args, translator.preprocessing, str(translator.model_dir / SETTINGS))
     if settings is not None:
         P.load(settings)
-        return (lambda line: P.prepare_line(line, settings).split()), (lambda pieces: P.detokenize(pieces, settings))
+        return Text(lambda line: P.prepare_line(line, settings).split(), lambda pieces: P.detokenize(pieces, settings),
+                    lambda c: P.prepare_constraint(c, settings).split())
     if args.post_process == "subword_nmt":
-        return str.split, lambda pieces: (" ".join(pieces) + " ").replace("@@ ", "").rstrip()
-    return str.split, " ".join
+        return Text(str.split, lambda pieces: (" ".join(pieces) + " ").replace("@@ ", "").rstrip(), str.split)
+    return Text(str.split, " ".join, str.split)
 
 
 def translate(args: argparse.Namespace, out: TextIO) -> int:
@@ -82,12 +97,12 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
     options = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
     translator = Translator(args.model_dir, intra_threads=args.threads)
     opts = translator.options(**options)
-    encode, decode = text_pipeline(args, translator)
+    text = text_pipeline(args, translator)
     name = "standard input" if args.input == "-" else args.input
     with open_input(args.input) as stream:
         for first, lines in batches(read_lines(stream, name), args.batch_size):
-            out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name,
-                                                                     (encode, decode))))
+            out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name, text,
+                                                                     args.constraints)))
             out.flush()
     return 0
 
@@ -98,23 +113,29 @@ def open_input(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
 
 
 def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[str], first: int, name: str,
-                    text: Tuple[Encode, Decode]) -> List[str]:
+                    text: Text, constraints: bool = False) -> List[str]:
     """The output line of each input line; an empty one, with a warning naming the line, for a line
-    that tokenises to nothing or is longer than the model's source positions."""
-    encode, decode = text
+    that tokenises to nothing (and has no constraints) or is longer than the model's source positions.
+    ``constraints``: each line is its source, then its constraints after tabs."""
     ids: Dict[int, np.ndarray] = {}
+    given: Dict[int, List[List[str]]] = {}
     for number, line in enumerate(lines, first):
-        pieces = encode(line)
+        fields = line.split("\t") if constraints else [line]
+        pieces = text.encode(fields[0])
         source = translator.encode(pieces)
-        if not pieces:
+        given[number] = [c for c in map(text.constraint, fields[1:]) if c]
+        if not pieces and not given[number]:
             logger.warning("%s line %d: empty; its translation is empty", name, number)
         elif len(source) > translator.max_source_positions:
             logger.warning("%s line %d: %d source tokens with the end-of-sentence marker, over the model's %d; "
                            "its translation is empty", name, number, len(source), translator.max_source_positions)
         else:
             ids[number] = source
-    results = translator.translate_ids(list(ids.values()), len(ids), opts)
-    targets = {number: decode([translator.target_symbols[t] for t in target.tolist()])
+    targeted = None
+    if constraints:
+        targeted = translator.encode_constraints([given[n] for n in ids], len(ids), [f"{name} line {n}" for n in ids])
+    results = translator.translate_ids(list(ids.values()), len(ids), opts, targeted)
+    targets = {number: text.decode([translator.target_symbols[t] for t in target.tolist()])
                for number, (target, _, _) in zip(ids, results)}
     return [targets.get(number, "") for number in range(first, first + len(lines))]
 
@@ -167,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     P.add_arguments(t.add_argument_group("raw text in and out"), "the export's record")
     t.add_argument("--post-process", choices=("none", "subword_nmt"), default="none",
                    help="subword_nmt: undo the @@ joins of the output pieces (default: none)")
+    t.add_argument("--constraints", nargs="?", const="ordered", choices=("ordered",),
+                   help="each line is its source, then its hard constraints after tabs (fairseq-interactive's "
+                        "format), kept in the given order")
     add_runtime_arguments(t.add_argument_group("decoding (default: the export's; --no-X switches X off)"))
     return p
 

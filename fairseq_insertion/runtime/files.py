@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from ..preprocess import PreprocessError, Preprocessing
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the pass takes the word-edge rule (constraints)
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
@@ -32,7 +32,8 @@ PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 GRAPH_IO = {  # the inputs and outputs of each graph, as the export names them
     ENCODER: (("src_tokens",), ("keys", "values")),
-    PASS: (("framed", "keys", "values", "src_padding", "open_slots", "blocked", "eos_penalty"),
+    PASS: (("framed", "keys", "values", "src_padding", "open_slots", "blocked", "eos_penalty", "word_edges",
+            "no_end"),
            ("tokens", "log_probs", "eos_log_probs", "location")),
 }
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
