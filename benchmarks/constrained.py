@@ -2,7 +2,10 @@
 on the teacher. 1-2 reference n-grams of 1-3 whole words per sentence (``constraints.py draw``, seed 1).
 Systems: the teacher greedy, beam 5, and constrained at beam 5 and the smallest beam fairseq accepts
 (outputs up to 2 x source + 50); per insertion model, parallel and candidates reranked by the teacher
-(settings best on valid), without and with constraints. Writes OUT/constrained.json and .md.
+(settings best on valid), without and with constraints, and the constrained parallel decode through the
+plugin's runtime (the model exported, fp32 and int8), with how many of its hypotheses equal the PyTorch
+generator's. ``--constrained-only``: the constrained systems alone; ``--candidates`` with no value: no
+reranked systems. Every engine at ``--threads``. Writes OUT/constrained.json and .md.
 
     python -m benchmarks.constrained --teacher KIT/checkpoint.pt --data-bin KIT/data-bin --refs DATA/raw \\
         --insertion INS/checkpoint.pt [...] --out OUT [--quality-only]
@@ -48,19 +51,25 @@ def probe(args: argparse.Namespace, where: H.Where, test: H.Inputs) -> dict:
 
 
 def insertion_systems(args: argparse.Namespace, where: H.Where, checkpoint: Path) -> list[tuple[H.System, dict]]:
-    """One model's parallel and reranked systems, without and with constraints, chosen on valid."""
+    """One model's parallel and reranked systems, without and with constraints, chosen on valid; its
+    constrained parallel decode through the runtime (fp32, int8)."""
     out, name = [], checkpoint.parent.name
-    for constrained in (False, True):
+    for constrained in (True,) if args.constrained_only else (False, True):
         tag, valid = "_constrained" if constrained else "", inputs(args, "valid", constrained)
         options = {"decoding": "parallel", **H.REPETITION, **({"constraints": "ordered"} if constrained else {})}
         chosen, by_beta = H.swept(H.System(f"{name}_parallel{tag}", checkpoint, options=options,
                                            sweep=tuple(args.betas)), where, valid, "de")
+        out.append((chosen, {"valid_bleu": by_beta}))
+        if constrained:
+            out += [(H.System(f"{name}_runtime_{p}{tag}", checkpoint, "runtime", {**chosen.options, "precision": p}),
+                     {"as": chosen.name}) for p in ("fp32", "int8")]
         reranked = {(c, lp): H.System(f"{name}_rerank{tag}", checkpoint, options={
             **options, "eos_penalties": c, "rerank_with": str(args.teacher), "lenpen": lp})
             for c in args.candidates for lp in args.lenpens}
         grid = {k: H.bleu(s, where, valid, "de") for k, s in reranked.items()}
-        out += [(chosen, {"valid_bleu": by_beta}), (reranked[max(grid, key=grid.get)], {"valid_bleu": {
-            f"{','.join(f'{b:g}' for b in c)} lenpen {lp:g}": v for (c, lp), v in grid.items()}})]
+        if grid:
+            out.append((reranked[max(grid, key=grid.get)], {"valid_bleu": {
+                f"{','.join(f'{b:g}' for b in c)} lenpen {lp:g}": v for (c, lp), v in grid.items()}}))
     return out
 
 
@@ -68,18 +77,23 @@ def measure(args: argparse.Namespace, where: H.Where, results: dict) -> None:
     test = {c: inputs(args, "test", c) for c in (False, True)}
     results["beam_probe"] = found = probe(args, where, test[True])
     beams = dict.fromkeys([BEAM, *([found["smallest_beam"]] if found["smallest_beam"] else [])])
-    systems = [(teacher("ar_greedy", args, 1, False), None), (teacher(f"ar_beam{BEAM}", args, BEAM, False), None),
-               *((teacher(f"ar_beam{b}_constrained", args, b, True), None) for b in beams)]
+    systems = [] if args.constrained_only else [(teacher("ar_greedy", args, 1, False), None),
+                                                (teacher(f"ar_beam{BEAM}", args, BEAM, False), None)]
+    systems += [(teacher(f"ar_beam{b}_constrained", args, b, True), None) for b in beams]
     for checkpoint in args.insertion:
         systems += insertion_systems(args, where, checkpoint)
     rows = {s.name: {"name": s.name, "model": "transformer" if s.checkpoint == args.teacher else "insertion",
                      "constrained": "constraints" in s.options, "settings": s.options, "chosen_on_valid": chosen}
             for s, chosen in systems}
-    hyps = {}
+    hyps, engines = {}, {s.name: H.ENGINES[s.engine](s, where) for s, _ in systems}
+    for engine in engines.values():
+        engine.load(args.threads)
     for batch in (128, 1):
         for constrained in (False, True):
-            engines = {s.name: H.Fairseq(s, where) for s, _ in systems if rows[s.name]["constrained"] == constrained}
-            for name, timed in H.rounds(engines, test[constrained], batch, args.rounds).items():
+            some = {n: e for n, e in engines.items() if rows[n]["constrained"] == constrained}
+            if not some:
+                continue
+            for name, timed in H.rounds(some, test[constrained], batch, args.rounds).items():
                 r, hyps[name, batch] = H.scored(timed, test[True].references, "de"), [
                     " ".join(o.tokens) for o in timed.outputs]
                 if batch == 128:
@@ -91,6 +105,15 @@ def measure(args: argparse.Namespace, where: H.Where, results: dict) -> None:
         same, n = sum(map(str.__eq__, hyps[r["name"], 1], hyps[r["name"], 128])), len(hyps[r["name"], 128])
         r["same_outputs_batch1_batch128"] = {"same": same, "sentences": n, "all_same": same == n}
     results["systems"] = list(rows.values())
+    results["parity"] = [  # the runtime's hypotheses against the PyTorch generator's, the same options
+        {"a": s.name, "b": chosen["as"], "batch": batch, "mean_length": sum(len(h.split()) for h in hyps[s.name, batch])
+         / max(len(hyps[s.name, batch]), 1), **same_hypotheses(hyps[s.name, batch], hyps[chosen["as"], batch])}
+        for s, chosen in systems if s.engine == "runtime" for batch in (1, 128)]
+
+
+def same_hypotheses(a: list[str], b: list[str]) -> dict:
+    same = sum(map(str.__eq__, a, b))
+    return {"identical": same, "sentences": len(a), "rate": round(same / max(len(a), 1), 4)}
 
 
 def add_targets(results: dict) -> None:
@@ -102,7 +125,11 @@ def add_targets(results: dict) -> None:
     plugin = [r for r in results["systems"] if r["model"] == "insertion" and r["constrained"]]
     whole = min((r["usage_rate"] for r in plugin if r.get("usage_rate") is not None), default=None)
     targets = [T.judged("constraints found as whole words, every constrained plugin system", whole, 1.0, ">=")]
-    for limit in (0.5, 0.25):
+    fp32 = {r["name"] for r in results["systems"] if r["settings"].get("precision") == "fp32"}
+    targets += [T.judged(f"{p['a']} = {p['b']}, batch {p['batch']} (identical hypotheses)", p["rate"],
+                         0.995 if p["a"] in fp32 else None, ">=", note="int8 against fp32")
+                for p in results.get("parity", [])]
+    for limit in (0.5, 0.25, 0.1):
         fast = [r for r in plugin if (r["batch1_time_vs_ar_beam5_constrained"] or limit + 1) <= limit]
         best = max(fast, key=lambda r: r["bleu"], default=None)
         value = T.compute("difference", best and best["bleu"], base.get("bleu"))
@@ -124,7 +151,8 @@ def markdown(results: dict) -> str:
                    **r["same_outputs_batch1_batch128"])),
                C("settings", lambda r: ", ".join(f"{k} {v}" for k, v in r["settings"].items() if k not in (
                    "rerank_with", *H.REPETITION, *ROOM)))]
-    lines = [f"Machine: {results['machine']}; {results['sentences']} test sentences; batch 1 and 128."
+    lines = [f"Machine: {results['machine']}; {results['sentences']} test sentences; batch 1 and 128; every engine at "
+             f"{results.get('engine_threads', 'the default number of')} thread(s)."
              + (" Not timed (--quality-only): the seconds are left out." if results["quality_only"] else ""), "",
              *T.table(columns, results["systems"]), "", *T.table(T.TARGET_COLUMNS, results["targets"]), "",
              f"fairseq's constrained beam search: smallest beam accepted {probe['smallest_beam']} (tried on the first "
@@ -141,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insertion", type=Path, nargs="+", help="insertion checkpoints (rows named by their directory)")
     p.add_argument("--quality-only", action="store_true", help="no seconds (one round)")
     p.add_argument("--betas", type=float, nargs="+", default=[2.0, 3.0, 4.0, 5.0], help="EOS penalties tried")
-    p.add_argument("--candidates", nargs="+", default=["2,3,4", "1,2,3,4,5", "0,1,2,3,4,5,6"],
-                   help="candidate EOS penalty sets tried for the reranked decode")
+    p.add_argument("--candidates", nargs="*", default=["2,3,4", "1,2,3,4,5", "0,1,2,3,4,5,6"],
+                   help="candidate EOS penalty sets tried for the reranked decode (none: no reranked systems)")
+    p.add_argument("--constrained-only", action="store_true", help="the constrained systems alone")
+    p.add_argument("--threads", type=int, default=1, help="threads of every engine (default 1)")
     p.add_argument("--lenpens", type=float, nargs="+", default=[1.0, 2.0], help="--lenpen values tried")
     p.add_argument("--seed", type=int, default=1, help="constraint drawing seed (default 1)")
     return p
@@ -154,6 +184,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> tuple:
     names = T.placeholders({"KIT": args.teacher.parent, "DATA": args.refs, "OUT": args.out, "DATA-BIN": args.data_bin,
                             **{f"INS{i}": c.parent for i, c in enumerate(args.insertion, 1)}})
     results = {**T.record("benchmarks.constrained", argv, names), "quality_only": args.quality_only,
+               "engine_threads": args.threads,
                "sentences": len(read_reference(args.refs / "test.tgt")), "seed": args.seed, "notes": []}
     measure(args, H.Where(args.data_bin, args.out), results)
     add_targets(results)

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from sacrebleu.metrics import BLEU
+
 from examples.generate_output import read_reference
 
 from . import harness as H
@@ -85,7 +87,27 @@ def measure(args: argparse.Namespace, where: H.Where, inputs: H.Inputs, results:
                     "precision": s.options.get("precision", "fp32"), "decoding": s.options.get("decoding", "greedy"),
                     **H.scored(timed, inputs.references, args.lang),
                     **({"profile": H.profiled(engines[key], inputs, batch)} if args.profile else {})})
+    if args.raw_source and "insertion_runtime_fp32" in engines:
+        results["raw_text"] = raw_text(args, engines["insertion_runtime_fp32"], hyps, inputs)
     return hyps
+
+
+def raw_text(args: argparse.Namespace, engine: H.Engine, hyps: dict[str, list[str]], inputs: H.Inputs) -> dict:
+    """``translate_text`` on the raw test lines (prepared as the data-bin was: Moses, ``--bpe-codes``) against
+    the runtime's decode of the data-bin's pieces: identical detokenised outputs and both BLEUs."""
+    from fairseq_insertion.preprocess import Preprocessing, detokenize
+
+    settings = Preprocessing(source_lang="en", target_lang=args.lang or "de",
+                             bpe_codes=str(args.bpe_codes) if args.bpe_codes else None)
+    lines = read_reference(args.raw_source)[:len(inputs.sources)]
+    batch, threads = max(args.batches), args.threads[-1]
+    got = engine.translator.translate_text(lines, max_batch_size=batch, preprocessing=settings, **engine.options)
+    pieces = [detokenize(h.split(), settings) for h in hyps[row_name("insertion_runtime_fp32", threads, batch)]]
+    bleu = lambda outs: round(BLEU().corpus_score(outs, [inputs.references]).score, 2)  # noqa: E731
+    same = sum(map(str.__eq__, got, pieces))
+    return {"batch": batch, "threads": threads, "identical": same, "sentences": len(got),
+            "rate": round(same / max(len(got), 1), 4), "bleu_raw_text": bleu(got), "bleu_data_bin": bleu(pieces),
+            "mean_length": sum(len(x.split()) for x in got) / max(len(got), 1)}
 
 
 def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
@@ -132,6 +154,11 @@ def compare(results: dict, hyps: dict[str, list[str]]) -> None:
                  if lo < hi and row_name(k, t, lo) in hyps and row_name(k, t, hi) in hyps]
     best_threads = [{"engine_key": k, "batch": n, "threads": r["threads"], "seconds": r["seconds"]}
                     for (k, n), r in best.items()]
+    raw = results.get("raw_text")
+    if raw:
+        gap = round(raw["bleu_raw_text"] - raw["bleu_data_bin"], 2)
+        targets += [T.judged("translate_text on raw lines = the data-bin path (identical outputs)", raw["rate"], 0.999,
+                             ">="), T.judged("translate_text BLEU - the data-bin path's", gap, 0.05, "abs<=")]
     results.update(best_threads=best_threads, parity=parity, batch_agreement=agreement, targets=targets)
 
 
@@ -153,6 +180,11 @@ def markdown(results: dict) -> str:
                        C("BLEU a / b", lambda p: f"{p['bleu_a']:.2f} / {p['bleu_b']:.2f}")], results["parity"]), "",
              *T.table([*T.keyed("engine_key", "threads"), C("batch a / b", lambda a: "{} / {}".format(*a["batches"])),
                        identical], results["batch_agreement"])]
+    if results.get("raw_text"):
+        lines += ["", "Raw text: `translate_text` on the raw test lines (Moses and BPE as the data-bin was prepared) "
+                  "against the runtime fp32's decode of the data-bin's pieces, both detokenised.", "",
+                  *T.table([*T.keyed("batch", "threads"), identical, *T.keyed("bleu_raw_text", "bleu_data_bin",
+                                                                              "mean_length")], [results["raw_text"]])]
     return "\n".join(lines + T.notes(results)) + "\n"
 
 
@@ -167,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 128], help="batch sizes (default 1 8 128)")
     p.add_argument("--sentences", type=int, default=0, help="the first N sentences only (default 0: all)")
+    p.add_argument("--raw-source", type=Path, help="the raw test sources (DATA/raw/test.src): a row of "
+                   "translate_text on them against the data-bin path, with --bpe-codes")
+    p.add_argument("--bpe-codes", type=Path, help="the data-bin's subword-nmt codes (KIT/bpe.codes; none: no BPE)")
     names = list(systems(None, None))
     p.add_argument("--engines", nargs="+", choices=names, default=names, help="default all")
     return p
@@ -175,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, argv: list[str]) -> tuple:
     args.lang = None if args.lang == "none" else args.lang
     names = T.placeholders({"DATA-BIN": args.data_bin, "KIT": args.teacher.parent,
-                            "INS": args.insertion.parent, "DATA": args.ref.parent, "OUT": args.out})
+                            "INS": args.insertion.parent, "DATA": args.ref.parent, "OUT": args.out,
+                            **({"CODES": args.bpe_codes.parent} if args.bpe_codes and args.bpe_codes.parent.resolve()
+                               != args.teacher.parent.resolve() else {})})
     sources = H.pieces(args.data_bin, "test", 0, args.sentences)
     refs = read_reference(args.ref)[:len(sources)]
     results = {**T.record("benchmarks.engines", argv, names, modules=("ctranslate2", "onnxruntime", "numpy")),

@@ -147,7 +147,7 @@ class Runtime(Engine):
 
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
-        self.options = {k: v for k, v in system.options.items() if k != "precision"}
+        self.options = {k: v for k, v in system.options.items() if k not in ("precision", "constraints")}
         self.options.update(max_len_a=where.max_len[0], max_len_b=where.max_len[1])
         self.dir, self.translator = where.work / "export" / system.name, None
         export(system.checkpoint, where.data_bin, self.dir, int8=system.options.get("precision") == "int8",
@@ -159,7 +159,8 @@ class Runtime(Engine):
 
     def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None) -> list[Output]:
         before = self.translator.stats["passes"]
-        results = self.translator.translate_batch(batch, max_batch_size=len(batch), **self.options)
+        given = constraints and [[c.split() for c in cs] for cs in constraints]  # ordered, as the system's options
+        results = self.translator.translate_batch(batch, max_batch_size=len(batch), constraints=given, **self.options)
         self.counted += self.translator.stats["passes"] - before
         return [Output(r.hypotheses[0], r.iterations[0]) for r in results]
 

@@ -173,9 +173,7 @@ class InsertionGenerator:
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)
         # an empty line stays empty; an empty source with constraints is decoded from them, its limit at least theirs
-        unsourced = torch.maximum(max_len, init.lengths).clamp(max=limit).masked_fill(init.lengths.eq(0), 0)
-        max_len = torch.where(empty, unsourced, max_len)
-        too_long = init.lengths > max_len  # (B,) constraints that do not fit: that line's output is empty
+        max_len, too_long = L.length_limits(TORCH, max_len, empty, init.lengths, limit)  # too long: the output empty
         if bool(too_long.any()):
             self._report_too_long(sample, src_tokens, too_long, init.lengths, max_len)
             init = init.emptied(too_long, self.pad)

@@ -327,6 +327,16 @@ class Start(NamedTuple):
         return cls(tokens=none, lengths=zeros, closed_before=none != none, closed_end=zeros > 0, segment=none + 0)
 
 
+def length_limits(xp: Ops, max_len: Array, empty: Array, given: Array, limit: int) -> Tuple[Array, Array]:
+    """Each sentence's length limit once it holds ``given`` (B,) constraint tokens, and the sentences whose
+    constraints do not fit it (B,) (their output is empty). max_len: (B,) the limit from the source
+    length; empty: (B,) sources without a word, decoded from their constraints (their limit at least the
+    constraints' length, at most ``limit``) or to an empty output."""
+    unsourced = xp.where(given > 0, xp.where(given > max_len, given, max_len).clip(max=limit), 0)
+    max_len = xp.where(empty, unsourced, max_len)
+    return max_len, given > max_len
+
+
 def pack(constraints: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
     """fairseq's packed form (``fairseq.token_generation_constraints.pack_constraints``) of every sentence's
     constraints (token id lists): (B, C) ``[m, c_1 tokens, 0, c_2 tokens, 0, ...]``, 0 after."""

@@ -39,7 +39,8 @@ def benchmark(kit, out, *extra, env=None):
 @pytest.fixture(scope="module")
 def results(kit, tmp_path_factory):
     out = tmp_path_factory.mktemp("engines_out")
-    proc = benchmark(kit, out, "--threads", *map(str, THREADS), "--batches", *map(str, BATCHES), "--rounds", "2")
+    proc = benchmark(kit, out, "--threads", *map(str, THREADS), "--batches", *map(str, BATCHES), "--rounds", "2",
+                     "--raw-source", kit[0] / "raw" / "test.src")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads((out / "engines.json").read_text())
 
@@ -97,6 +98,10 @@ def test_the_runtime_gives_the_pytorch_hypotheses_and_every_comparison_is_made(r
             assert len(speed[0]["by_round"]) == 2 and all(x > 0 for x in speed[0]["by_round"]), speed
     agreement = {(a["engine_key"], a["threads"]) for a in res["batch_agreement"]}
     assert agreement == {(k, t) for k in expected_engines() for t in THREADS}
+    # raw lines through translate_text (Moses leaves the corpus's words as they are) give the data-bin path's outputs
+    raw = res["raw_text"]
+    assert raw["identical"] == raw["sentences"] == SENTENCES and raw["mean_length"] > 1, raw
+    assert raw["bleu_raw_text"] == raw["bleu_data_bin"]
 
 
 def test_paths_are_placeholders_and_the_table_renders_again(results):
@@ -142,3 +147,24 @@ def test_schedule_longest_first():
     sources = [["a"] * n for n in (2, 5, 3, 5, 1)]
     assert H.schedule(sources, 2) == [[1, 3], [2, 0], [4]]
     assert sorted(i for b in H.schedule(sources, 1) for i in b) == list(range(5))
+
+
+def test_the_pass_profile_names_where_the_time_goes(kit, tmp_path):
+    root, _, insertion = kit
+    out = tmp_path / "passes"
+    cmd = [sys.executable, "-m", "benchmarks.passes", "--insertion", insertion, "--data-bin", root / "bin",
+           "--out", out, "--sentences", "6", "--batches", "1", "4", "--rounds", "1", "--label", "tiny"]
+    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "passes.json").read_text())
+    assert [(r["precision"], r["batch"]) for r in res["rows"]] == [("fp32", 1), ("fp32", 4), ("int8", 1), ("int8", 4)]
+    for r in res["rows"]:
+        p = r["profiled"]
+        shares = [p[k] for k in ("share_pass_kernels", "share_pass_between_kernels", "share_encoder",
+                                 "share_outside_onnxruntime")]
+        assert all(x >= 0 for x in shares) and abs(sum(shares) - 1) < 0.01, p
+        assert p["passes"] == r["passes"] > 0 and p["pass_graph_nodes"] > 20, p
+        assert "MatMul" in " ".join(p["pass_kernel_share_by_op"]), p  # MatMul (fp32) or a quantized MatMul (int8)
+    table = (out / "passes.md").read_text()
+    assert "| tiny | int8 | 4 |" in table and "outside onnxruntime" in table
+    assert str(root) not in (out / "passes.json").read_text()

@@ -63,14 +63,21 @@ def test_constrained_benchmark_end_to_end(kit, tmp_path):
     assert results["beam_probe"]["smallest_beam"] == 1  # fairseq's constrained beam search takes beam 1
     rows = {r["name"]: r for r in results["systems"]}
     assert sorted(rows) == sorted(["ar_greedy", "ar_beam5", "ar_beam5_constrained", "ar_beam1_constrained",
-                                   *(f"ins_{s}{c}" for s in ("parallel", "rerank") for c in ("", "_constrained"))])
+                                   *(f"ins_{s}{c}" for s in ("parallel", "rerank") for c in ("", "_constrained")),
+                                   "ins_runtime_fp32_constrained", "ins_runtime_int8_constrained"])
     for r in rows.values():
         assert 0.0 <= r["bleu"] <= 100.0 and r["constraints"] == sum(map(len, drawn)), r["name"]
         assert r["decode_seconds_batch1"] is None and r["decode_seconds_batch128"] is None  # not timed
         assert r["same_outputs_batch1_batch128"]["sentences"] == 12, r["name"]
         assert r["constrained"] == (r["settings"].get("constraints") == "ordered"), r["name"]
-    for name in ("ins_parallel_constrained", "ins_rerank_constrained"):
+    for name in ("ins_parallel_constrained", "ins_rerank_constrained", "ins_runtime_fp32_constrained",
+                 "ins_runtime_int8_constrained"):
         assert rows[name]["usage_rate"] == 1.0, rows[name]
+    # the runtime decodes the constrained sentences as the PyTorch generator does, not empty
+    parity = [p for p in results["parity"] if p["a"] == "ins_runtime_fp32_constrained"]
+    assert [(p["b"], p["batch"], p["identical"]) for p in parity] == [("ins_parallel_constrained", 1, 12),
+                                                                       ("ins_parallel_constrained", 128, 12)]
+    assert all(p["mean_length"] > 2 for p in parity)
     assert rows["ins_parallel_constrained"]["settings"]["eos_penalty"] in (1.0, 3.0)
     assert rows["ins_rerank_constrained"]["settings"]["eos_penalties"] == [0.0, 2.0]
     assert rows["ins_rerank_constrained"]["settings"]["rerank_with"] == "KIT/checkpoint_last.pt"

@@ -173,15 +173,15 @@ def test_translate_batch_takes_constraints_as_pieces(words):
     assert alone == hyps
 
 
-def test_a_constraint_over_the_length_limit_is_placed_and_over_the_model_refused(words, caplog):
+def test_constraints_over_the_length_limit_empty_that_output_alone(words, caplog):
     long = [f"w{i % 10}" for i in range(8)]
-    [placed] = words.translate_batch([["w1"]], constraints=[[long]], max_len_a=0, max_len_b=3)
-    assert contains(placed.hypotheses[0], long)
-    over = [f"w{i % 10}" for i in range(MAX_POSITIONS)]
     with caplog.at_level("WARNING"):
-        results = words.translate_batch([["w1"], ["w2"]], constraints=[[over], [["w3"]]])
+        results = words.translate_batch([["w1"], ["w2"], []], constraints=[[long], [["w3"]], [long]], max_len_a=0,
+                                        max_len_b=3)
     assert results[0].hypotheses[0] == [] and contains(results[1].hypotheses[0], ["w3"])
-    assert "input 0: its constraints hold 24 tokens, over the model's 22 target positions" in caplog.text
+    assert contains(results[2].hypotheses[0], long)  # an empty source: decoded from its constraints
+    assert "input 0: its constraints hold 8 tokens, over the length limit 3" in caplog.text
+    assert "input 2" not in caplog.text
 
 
 def test_an_unknown_piece_is_read_as_unk_with_a_warning(words, caplog):

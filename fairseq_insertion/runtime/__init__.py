@@ -26,8 +26,8 @@ with ``translate_text``), that must appear verbatim, whole words and in the give
 (``translate_batch([["a", "dog"]], constraints=[[["ein", "Hund"]]])``); ``___`` inside a constraint
 marks a template gap. They go on the initial canvas and the slots inside them stay closed, as in the
 PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fairseq_insertion.loop.word_edge_bans`).
-A sentence's length limit is raised to hold its constraints; constraints over the model's target
-positions give an empty translation with a warning naming the input.
+Constraints longer than a sentence's length limit give it an empty translation, with a warning naming
+the input (the rest of the batch is translated); an empty source line is decoded from its constraints.
 
 An export is checked when it is loaded (:mod:`fairseq_insertion.runtime.files`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
@@ -102,13 +102,16 @@ class Translator:
 
     model_dir: the export's directory. intra_threads: threads per pass (0: onnxruntime's
     default, all cores); inter_threads: onnxruntime's inter-op threads. providers: onnxruntime
-    execution providers (default: CPU)."""
+    execution providers (default: CPU). profile: a path prefix: onnxruntime's profiler records every
+    run of both graphs, written by :meth:`end_profiling` (it slows the runs: read shares, not times)."""
 
     def __init__(self, model_dir: str | Path, intra_threads: int = 0, inter_threads: int = 1,
-                 providers: Optional[Sequence[str]] = None):
+                 providers: Optional[Sequence[str]] = None, profile: Optional[str] = None):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
+        if profile is not None:
+            so.enable_profiling, so.profile_file_prefix = True, str(profile)
         so.intra_op_num_threads = _count(intra_threads, "intra_threads", 0)
         so.inter_op_num_threads = _count(inter_threads, "inter_threads", 0)
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -148,6 +151,10 @@ class Translator:
         not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
 
     # ------------------------------------------------------------------ API
+    def end_profiling(self) -> Dict[str, str]:
+        """With ``profile``: write the profiler's traces (onnxruntime's JSON) and return their paths, by graph."""
+        return {"encoder": self._encoder.end_profiling(), "pass": self._pass.end_profiling()}
+
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
                         constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None,
                         **options: Any) -> List[TranslationResult]:
@@ -247,13 +254,17 @@ class Translator:
         for i in np.flatnonzero(too_long).tolist():
             logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
                            i, lengths[i], self.max_source_positions)
-        if constraints is not None:
-            held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64)
-            over = held > self.max_target_positions - 2
-            for i in np.flatnonzero(over & ~too_long).tolist():
-                logger.warning("input %d: its constraints hold %d tokens, over the model's %d target positions; "
-                               "its translation is empty", i, held[i], self.max_target_positions - 2)
-            too_long = too_long | over
+        limit = self.max_target_positions - 2
+        max_len = np.clip((lengths.astype(np.float32) * np.float32(opts.max_len_a)
+                           + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)  # (B,) as fairseq's
+        held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64) \
+            if constraints is not None else np.zeros(len(ids), np.int64)  # (B,) constraint tokens
+        max_len, unfit = L.length_limits(L.NUMPY, max_len, lengths <= 1, held, limit)
+        for i in np.flatnonzero(unfit & ~too_long).tolist():
+            logger.warning("input %d: its constraints hold %d tokens, over the length limit %d (min(max_len_a * "
+                           "source length + max_len_b, max target positions - 2)); its translation is empty",
+                           i, held[i], max_len[i])
+        too_long |= unfit
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         results: List[Tuple[np.ndarray, float, int]] = [(np.zeros(0, np.int64), 0.0, 0)] * len(ids)
@@ -261,7 +272,7 @@ class Translator:
             batch = [int(i) for i in order[b:b + size] if not too_long[i]]
             if batch:
                 given = None if constraints is None else [constraints[i] for i in batch]
-                for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts, given)):
+                for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts, max_len[batch], given)):
                     results[i] = r
         return results
 
@@ -272,20 +283,16 @@ class Translator:
             return L.constraint_canvas(L.NUMPY, L.pack(constraints), gap=self.pad, pad=self.pad)
         return L.Start.blank(L.NUMPY, B, np.zeros(0, np.int64), self.pad)
 
-    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig,
+    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig, max_len: np.ndarray,
                       constraints: Optional[List[List[np.ndarray]]] = None) -> List[Tuple[np.ndarray, float, int]]:
+        """Decode one batch of source ids, each within its length limit ``max_len`` (B,)."""
         B = len(ids)
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
         src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
         keys, values = self._encoder.run(None, {"src_tokens": src})
         source = Source(keys, values, src == self.src_pad)
-        limit = self.max_target_positions - 2
-        max_len = np.clip((src_len.astype(np.float32) * np.float32(opts.max_len_a)
-                           + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)
         start = self._start(constraints, B)
-        # an empty source line: an empty translation, unless constrained; the limit holds the constraints
-        max_len = np.where(start.lengths > 0, np.maximum(max_len, start.lengths), np.where(src_len <= 1, 0, max_len))
         bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
         K = start.tokens.shape[1]
         edges = K > 0 and self.word_scheme != "none"  # the constraints kept whole words

@@ -1,0 +1,145 @@
+"""Where the runtime's time goes: the insertion model exported (fp32, int8) and decoded at each batch size,
+timed (the median of ``--rounds``), then once more under onnxruntime's profiler (``Translator(profile=)``),
+which slows a run: read its shares, not its milliseconds. Per precision and batch: the pass graph's node
+count, kernel time by operator type, and the shares of a decode spent in the pass graph's runs (in its
+kernels, and in onnxruntime between them), in the encoder's runs and outside onnxruntime (the numpy loop,
+``loop.py``, and the runtime's Python). Writes OUT/passes.json and .md.
+
+    python -m benchmarks.passes --insertion INS/checkpoint.pt --data-bin KIT/data-bin --out OUT \\
+        [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from . import harness as H
+from . import report as T
+
+TOP = 14  # operators in the table
+
+
+def system(args: argparse.Namespace, precision: str) -> H.System:
+    return H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", {
+        "decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION})
+
+
+def read_trace(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def graph_profile(events: list[dict]) -> dict:
+    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node."""
+    runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    by_op = Counter()
+    for e in kernels:
+        by_op[e["args"]["op_name"]] += e["dur"]
+    return {"runs": len(runs), "run_us": sum(runs), "kernel_us": sum(by_op.values()),
+            "nodes": len({e["name"] for e in kernels}), "by_op": dict(by_op.most_common())}
+
+
+def profiled(engine: H.Runtime, inputs: H.Inputs, batch: int, prefix: Path, threads: int) -> dict:
+    """One decode under onnxruntime's profiler: the shares of its seconds."""
+    from fairseq_insertion.runtime import Translator
+
+    plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix))
+    try:  # every batch once, no burn-in: the profiler sees what the clock sees
+        start = time.perf_counter()
+        for idx in H.schedule(inputs.sources, batch):
+            engine.translate([inputs.sources[i] for i in idx])
+        seconds = time.perf_counter() - start
+        paths = engine.translator.end_profiling()
+    finally:
+        engine.translator = plain
+    enc, dec = (graph_profile(read_trace(paths[g])) for g in ("encoder", "pass"))
+    passes = dec["runs"]
+    wall = seconds * 1e6
+    share = lambda us: round(us / wall, 3)  # noqa: E731
+    return {"seconds": round(seconds, 3), "passes": passes, "pass_graph_nodes": dec["nodes"],
+            "share_pass_kernels": share(dec["kernel_us"]), "share_pass_between_kernels": share(dec["run_us"] -
+                                                                                              dec["kernel_us"]),
+            "share_encoder": share(enc["run_us"]), "share_outside_onnxruntime": share(wall - dec["run_us"] -
+                                                                                        enc["run_us"]),
+            "pass_kernel_share_by_op": {op: round(us / max(dec["kernel_us"], 1), 3) for op, us in dec["by_op"].items()},
+            "pass_kernel_us_per_pass_by_op": {op: round(us / max(dec["runs"], 1), 1) for op, us in
+                                              dec["by_op"].items()}}
+
+
+def measure(args: argparse.Namespace, results: dict) -> None:
+    where = H.Where(args.data_bin, args.out)
+    sources = H.pieces(args.data_bin, "test", 0, args.sentences)
+    inputs = H.Inputs(sources, [""] * len(sources))
+    for precision in args.precisions:
+        engine = H.Runtime(system(args, precision), where)
+        engine.load(args.threads)
+        for batch in args.batches:
+            timed = H.rounds({precision: engine}, inputs, batch, args.rounds)[precision]
+            seconds = sorted(timed.seconds)[len(timed.seconds) // 2]
+            prefix = args.out / "traces" / f"{args.label}_{precision}_batch{batch}"
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            results["rows"].append({
+                "label": args.label, "precision": precision, "batch": batch, "seconds": round(seconds, 3),
+                "seconds_by_round": [round(x, 3) for x in timed.seconds], "passes": timed.passes,
+                "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
+                "passes_per_sentence": round(timed.passes / len(sources), 3),
+                "profiled": profiled(engine, inputs, batch, prefix, args.threads)})
+
+
+def markdown(results: dict) -> str:
+    C = T.Column
+    rows = results["rows"]
+    columns = [*T.keyed("label", "precision", "batch", "seconds", "ms_per_pass", "passes_per_sentence"),
+               C("pass graph nodes", lambda r: r["profiled"]["pass_graph_nodes"]),
+               *(C(title, lambda r, k=k: f"{100 * r['profiled'][k]:.0f}%") for title, k in (
+                   ("pass kernels", "share_pass_kernels"), ("pass, between kernels", "share_pass_between_kernels"),
+                   ("encoder", "share_encoder"), ("outside onnxruntime (numpy loop)", "share_outside_onnxruntime")))]
+    ops = sorted({op for r in rows for op in r["profiled"]["pass_kernel_share_by_op"]},
+                 key=lambda op: -max(r["profiled"]["pass_kernel_share_by_op"].get(op, 0) for r in rows))[:TOP]
+    op_columns = [C("operator", lambda o: o["op"]), *(C(f"{r['label']} {r['precision']} b{r['batch']}",
+                                                        lambda o, r=r: r["profiled"]["pass_kernel_us_per_pass_by_op"]
+                                                        .get(o["op"]), 1) for r in rows)]
+    version = results["versions"].get("onnxruntime")
+    lines = [f"{results['machine']}; {results['sentences']} test sentences; onnxruntime {version}, "
+             f"{results['engine_threads']} thread(s); seconds: the median of {results['rounds']} rounds without the "
+             "profiler; shares: of one decode under it.", "", *T.table(columns, rows), "",
+             "Pass-graph kernel microseconds per pass, by operator (the largest first):", "",
+             *T.table(op_columns, [{"op": op} for op in ops])]
+    return "\n".join(lines + T.notes(results)) + "\n"
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = T.parser("benchmarks.passes", __doc__)
+    p.add_argument("--insertion", type=Path, help="the insertion model's checkpoint")
+    p.add_argument("--data-bin", type=Path, help="its data-bin, with the test split")
+    p.add_argument("--eos-penalty", type=float, default=3.5, help="the EOS penalty (default 3.5)")
+    p.add_argument("--sentences", type=int, default=200, help="the first N test sentences (default 200)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 128], help="batch sizes (default 1 128)")
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "int8"), default=["fp32", "int8"])
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime's threads (default 1)")
+    p.add_argument("--label", default="now", help="the rows' label (the code measured)")
+    return p
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+    names = T.placeholders({"DATA-BIN": args.data_bin, "INS": args.insertion.parent, "OUT": args.out})
+    results = {**T.record("benchmarks.passes", argv, names, modules=("onnxruntime", "numpy")),
+               "engine_threads": args.threads, "rounds": args.rounds, "sentences": args.sentences, "rows": [],
+               "notes": []}
+    measure(args, results)
+    return args.out / "passes.json", results, names
+
+
+def main(argv: list[str] | None = None) -> int:
+    return T.main(build_parser(), argv, markdown, run, ("out", "data_bin", "insertion"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
