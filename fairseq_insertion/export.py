@@ -6,9 +6,9 @@
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
 
 * ``encoder.onnx``: source tokens (B, S) -> every decoder layer's encoder-attention keys and
-  values, ``keys``/``values`` (L, B, heads, S, head dim), computed once per batch;
+  values, ``keys_0``, ..., ``values_0``, ... (B, heads, S, head dim), computed once per batch;
 * ``pass.onnx``: one decoding pass: framed canvases (A, T+2), the cached keys and values, the
-  source padding, the open slots (N flat indices into the A x (T+1) slots), the tokens each open
+  source mask (int32, 1 at real tokens), the open slots (N flat indices into the A x (T+1) slots), the tokens each open
   slot may not receive (N, M), each open slot's EOS penalty (N,) and the word-edge rule at
   constraints (``word_edges`` (N,): which subword pieces it may not receive; ``no_end`` (N,): whether it
   may end; :func:`~fairseq_insertion.loop.word_edge_bans`) -> each open slot's best
@@ -60,7 +60,17 @@ from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
 from .fast_decoder import cacheable
 from .loop import word_edge_table
-from .runtime.files import BPE_CODES, CHECKED, ENCODER, FORMAT_VERSION, PASS, SETTINGS, VOCABS, file_digests
+from .runtime.files import (
+    BPE_CODES,
+    CHECKED,
+    ENCODER,
+    FORMAT_VERSION,
+    PASS,
+    SETTINGS,
+    VOCABS,
+    file_digests,
+    source_names,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +192,14 @@ def _ffn(g: Graph, layer) -> Callable[[str], str]:
 
 def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str:
     """fairseq's token embedding x scale + positions (numbered 1, 2, ... over the real tokens,
-    padding_idx + position as fairseq's make_positions) + embedding layer norm; tokens (A, T)."""
-    x = g.op("Gather", g.const(module.embed_tokens.weight, "embed_tokens"), tokens)  # (A, T, C)
-    if module.embed_scale != 1.0:
+    padding_idx + position as fairseq's make_positions) + embedding layer norm; tokens (A, T). (Positions
+    sliced from the table by the canvas width instead would cost onnxruntime its shape inference, and with
+    it the fusion of the residual adds with the layer norms.)"""
+    weight = module.embed_tokens.weight
+    if module.embed_scale != 1.0 and getattr(module, "project_in_dim", None) is None:
+        weight = weight * module.embed_scale  # the scale folded into the table: the same products
+    x = g.op("Gather", g.const(weight, "embed_tokens"), tokens)  # (A, T, C)
+    if module.embed_scale != 1.0 and getattr(module, "project_in_dim", None) is not None:
         x = g.op("Mul", x, g.scalar(module.embed_scale))
     if getattr(module, "project_in_dim", None) is not None:
         x = _linear(g, x, module.project_in_dim)
@@ -211,7 +226,7 @@ def _mask(g: Graph, keep: str) -> str:
 
 
 def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
-    """src_tokens (B, S) -> keys and values (L, B, heads, S, d) of every decoder layer's encoder
+    """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
     attention. Mirrors fairseq's TransformerEncoderBase in inference."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
@@ -230,65 +245,51 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
     with torch.no_grad():
         fused.weight.copy_(torch.cat([w for a in attn for w in (a.k_proj.weight, a.v_proj.weight)]))
         fused.bias.copy_(torch.cat([b for a in attn for b in (a.k_proj.bias, a.v_proj.bias)]))
-    kv = g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, L, 2, H, d))  # (B, S, L, 2, H, d)
-    index = [g.const(np.asarray(i, dtype=np.int64), "index") for i in range(2)]
-    g.output("Transpose", "keys", g.op("Gather", kv, index[0], axis=3), perm=[2, 0, 3, 1, 4])
-    g.output("Transpose", "values", g.op("Gather", kv, index[1], axis=3), perm=[2, 0, 3, 1, 4])
+    kv = g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, 2 * L, H, d))  # (B, S, 2L, H, d): k_0, v_0, k_1, ...
+    names = source_names(L)
+    for i in range(L):
+        for j, name in enumerate((names[i], names[L + i])):
+            column = g.const(np.asarray(2 * i + j, dtype=np.int64), "index")
+            g.output("Transpose", name, g.op("Gather", kv, column, axis=2), perm=[0, 2, 1, 3])  # (B, H, S, d)
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
-                   [_io("keys", TensorProto.FLOAT, [L, "batch", H, "source", d]),
-                    _io("values", TensorProto.FLOAT, [L, "batch", H, "source", d])],
+                   [_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names],
                    vocab_size=enc.embed_tokens.num_embeddings)
 
 
-def word_edge_rule(g: Graph, content: str, classes: str, joins_next: np.ndarray, joins_prev: np.ndarray) -> str:
-    """The word-edge rule (:func:`fairseq_insertion.loop.word_edge_bans`) on the open slots' scores ``content``
-    (N, V): ``classes`` (N,) int64, 1 where no token that joins the next one may go (``joins_next``, (V,)),
-    2 where none that joins the previous one may (``joins_prev``), 3 both, 0 neither -> (N, V), -inf at
-    the banned tokens."""
-    table = np.zeros((4, len(joins_next)), dtype=np.float32)
+def excluded(V: int, specials: Sequence[int], joins_next: np.ndarray, joins_prev: np.ndarray) -> np.ndarray:
+    """(4, V): what a slot may never receive, by its word-edge class (:func:`fairseq_insertion.loop.word_edge_bans`):
+    0 where it may, -inf at ``specials`` (bos, pad, eos: end-of-slot is judged apart) in every class, and at
+    the pieces that join the next token (class 1), the previous one (class 2) or either (class 3)."""
+    table = np.zeros((4, V), dtype=np.float32)
+    table[:, list(specials)] = float("-inf")
     for row, banned in ((1, joins_next), (2, joins_prev), (3, joins_next | joins_prev)):
         table[row, banned] = float("-inf")
-    return g.op("Add", content, g.op("Gather", g.const(table, "word_edges"), classes, axis=0))
+    return table
 
 
-def shortlist_step(g: Graph, content: str, blocked: str, eos_penalty: str, specials: Tuple[int, int, int],
-                   V: int, chosen: Optional[str] = None, no_end: Optional[str] = None) -> None:
-    """The pass's step rule on its raw scores ``content`` (N, V) of the open slots: outputs ``tokens`` (N,)
-    the best token once bos, pad, the ``blocked`` (N, M) tokens are excluded and end-of-slot is
-    penalised by ``eos_penalty`` (N,); ``log_probs`` (N,) its log p(c | l), the penalty included when
-    end-of-slot wins; ``eos_log_probs`` (N,) log p(eos | l). The same choice as the PyTorch generator's
-    over the whole table (``tests/test_export_shortlist.py``), from the M + 4 best raw scores.
-    ``chosen``: the scores to choose from (the word-edge rule applied), ``content`` by default; ``no_end``
-    (N,) bool: end-of-slot excluded, unless no other token is left (then it ends the slot)."""
-    bos, pad, eos = specials
-    chosen = chosen or content
-    # the step rule on a shortlist: the best token after excluding bos, pad, eos and the blocked tokens is
-    # among the M + 4 highest raw scores (M blocked per slot); end-of-slot (never blocked) is judged apart
-    M = g.op("Slice", g.op("Shape", blocked), g.ints(1), g.ints(2), g.ints(0))  # (1,)
-    k = g.op("Min", g.op("Add", M, g.ints(4)), g.ints(V))
-    top, top_ids = g.op("TopK", chosen, k, axis=1, outputs=2)  # (N, k) best first; ties: lower id first
-    first = g.op("Slice", top, g.ints(0), g.ints(1), g.ints(1))  # (N, 1) the largest score
-    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, first)), g.ints(1),
-                                       keepdims=1)), first)  # (N, 1) log-normaliser
+def step_rule(g: Graph, content: str, table: np.ndarray, classes: str, blocked: str, eos_penalty: str, no_end: str,
+              eos: int) -> None:
+    """The pass's step rule on its raw scores ``content`` (N, V) of the open slots, as the PyTorch generator's
+    over the whole table (``tests/test_export_step.py``): outputs ``tokens`` (N, 1), the best token once
+    those of ``table``'s row ``classes`` (N,) (:func:`excluded`) and the ``blocked`` (N, M) ones are
+    excluded and end-of-slot is penalised by ``eos_penalty`` (N, 1) (and excluded where ``no_end`` (N, 1),
+    unless no other token is left: then it ends the slot); ``log_probs`` (N, 1) its log p(c | l), the
+    penalty included when end-of-slot wins; ``eos_log_probs`` (N, 1) log p(eos | l). Ties: the lowest id."""
+    top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
+    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
+               top)  # (N, 1) log-normaliser
     eos_score = g.op("Gather", content, g.const(np.asarray([eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
-    g.output("Squeeze", "eos_log_probs", g.op("Sub", eos_score, lse), g.ints(1))
-    rows = g.op("Shape", eos_score, end=1)  # (1,) N
-    special_ids = g.op("Expand", g.const(np.asarray([[bos, pad, eos]], dtype=np.int64), "specials"),
-                    g.op("Concat", rows, g.ints(3), axis=0))  # (N, 3)
-    excluded = g.op("Concat", blocked, special_ids, axis=1)  # (N, M + 3)
-    hit = g.op("Equal", g.op("Unsqueeze", top_ids, g.ints(2)), g.op("Unsqueeze", excluded, g.ints(1)))  # (N, k, M+3)
-    hit = g.op("ReduceMax", g.op("Cast", hit, to=TensorProto.FLOAT), axes=[2], keepdims=0)  # (N, k)
-    shortlist = g.op("Where", g.op("Cast", hit, to=TensorProto.BOOL), g.scalar(float("-inf")), top)
-    other = g.op("ReduceMax", shortlist, axes=[1], keepdims=1)  # (N, 1) the best token other than eos
-    other_id = g.op("GatherElements", top_ids, g.op("ArgMax", shortlist, axis=1, keepdims=1), axis=1)  # (N, 1)
-    eos_penalised = g.op("Sub", eos_score, g.op("Unsqueeze", eos_penalty, g.ints(1)))  # (N, 1)
-    allowed = eos_penalised if no_end is None else g.op(
-        "Where", g.op("Unsqueeze", no_end, g.ints(1)), g.scalar(float("-inf")), eos_penalised)  # (N, 1)
-    # ties: eos, the lower id, as an argmax; a slot left with no token at all ends
-    eos_wins = g.op("Not", g.op("Less", allowed, other))
-    g.output("Squeeze", "tokens", g.op("Where", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id),
-             g.ints(1))
-    g.output("Squeeze", "log_probs", g.op("Sub", g.op("Where", eos_wins, eos_penalised, other), lse), g.ints(1))
+    g.output("Sub", "eos_log_probs", eos_score, lse)
+    allowed = g.op("Add", content, g.op("Gather", g.const(table, "excluded"), classes, axis=0))  # (N, V)
+    fill = g.op("ConstantOfShape", g.op("Shape", blocked), value=numpy_helper.from_array(
+        np.asarray([float("-inf")], dtype=np.float32)))  # (N, M)
+    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), g.ints(1), axis=1,
+                           outputs=2)  # (N, 1) the best token other than end-of-slot; ties: the lower id
+    eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
+    eos_allowed = g.op("Where", no_end, g.scalar(float("-inf")), eos_penalised)
+    eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
+    g.output("Where", "tokens", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id)
+    g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
 
 
 def pass_graph(model: nn.Module) -> "onnx.ModelProto":
@@ -300,15 +301,14 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     keep = g.op("Not", g.op("Equal", "framed", g.const(np.asarray(pad, np.int64), "pad")))  # (A, W)
     x = _embed(g, "framed", keep, dec, scale_padding=False)  # (A, W, C)
     mask = _mask(g, keep)
-    src_mask = _mask(g, g.op("Not", "src_padding"))
+    L = len(dec.layers)
+    names = source_names(L)
     for i, layer in enumerate(dec.layers):
         before, attn = layer.normalize_before, layer.encoder_attn
-        index = g.const(np.asarray(i, dtype=np.int64), "layer")
-        k, v = g.op("Gather", "keys", index, axis=0), g.op("Gather", "values", index, axis=0)
         x = _residual(g, x, layer.self_attn_layer_norm, before,
                       lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
         x = _residual(g, x, layer.encoder_attn_layer_norm, before,
-                      lambda h, a=attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask))
+                      lambda h, a=attn, k=names[i], v=names[L + i]: _cross_attention(g, h, a, k, v, "src_mask"))
         x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
     x = _layer_norm(g, x, dec.layer_norm)
     if dec.project_out_dim is not None:
@@ -325,21 +325,20 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
     content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
-    chosen = word_edge_rule(g, content, "word_edges", joins_next, joins_prev)
-    shortlist_step(g, content, "blocked", "eos_penalty", (bos, pad, eos), V, chosen, "no_end")
-    L, heads, hd = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
+    step_rule(g, content, excluded(V, (bos, pad, eos), joins_next, joins_prev), "word_edges", "blocked", "eos_penalty",
+              "no_end", eos)
+    heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
-         _io("keys", TensorProto.FLOAT, [L, "rows", heads, "source", hd]),
-         _io("values", TensorProto.FLOAT, [L, "rows", heads, "source", hd]),
-         _io("src_padding", TensorProto.BOOL, ["rows", "source"]),
+         *(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in names),
+         _io("src_mask", TensorProto.INT32, ["rows", "source"]),
          _io("open_slots", TensorProto.INT64, ["open"]),
          _io("blocked", TensorProto.INT64, ["open", "blocked"]),
-         _io("eos_penalty", TensorProto.FLOAT, ["open"]),
+         _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
          _io("word_edges", TensorProto.INT64, ["open"]),
-         _io("no_end", TensorProto.BOOL, ["open"])],
-        [_io("tokens", TensorProto.INT64, ["open"]), _io("log_probs", TensorProto.FLOAT, ["open"]),
-         _io("eos_log_probs", TensorProto.FLOAT, ["open"]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
+         _io("no_end", TensorProto.BOOL, ["open", 1])],
+        [_io("tokens", TensorProto.INT64, ["open", 1]), _io("log_probs", TensorProto.FLOAT, ["open", 1]),
+         _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
         vocab_size=V)
 
 

@@ -70,15 +70,12 @@ class TranslationResult:
 
 
 class Source(NamedTuple):
-    """What every pass reuses of the active sentences' source side."""
+    """What every pass reuses of the active sentences' source side, as the pass graph takes it."""
 
-    keys: np.ndarray  # (L, A, heads, S, d)
-    values: np.ndarray  # (L, A, heads, S, d)
-    padding: np.ndarray  # (A, S) True at source padding
+    inputs: Dict[str, np.ndarray]  # each decoder layer's keys and values (A, heads, S, d); src_mask (A, S) int32
 
     def take(self, idx: np.ndarray) -> "Source":
-        return Source(np.ascontiguousarray(self.keys[:, idx]), np.ascontiguousarray(self.values[:, idx]),
-                      self.padding[idx])
+        return Source({name: value[idx] for name, value in self.inputs.items()})
 
 
 @dataclass(frozen=True)
@@ -145,6 +142,7 @@ class Translator:
         self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)))
+        self._source_names = F.source_names(m["decoder_layers"])
         self._penalty_cache: Dict[float, np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
@@ -290,8 +288,8 @@ class Translator:
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
         src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
-        keys, values = self._encoder.run(None, {"src_tokens": src})
-        source = Source(keys, values, src == self.src_pad)
+        source = Source({**dict(zip(self._source_names, self._encoder.run(None, {"src_tokens": src}))),
+                         "src_mask": (src != self.src_pad).astype(np.int32)})
         start = self._start(constraints, B)
         bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
         K = start.tokens.shape[1]
@@ -332,10 +330,10 @@ class Translator:
         else:
             word_edges, no_end = np.zeros(len(open_slots), np.int64), np.zeros(len(open_slots), bool)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
-            "framed": framed, "keys": source.keys, "values": source.values, "src_padding": source.padding,
-            "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty), "word_edges": word_edges,
-            "no_end": no_end})
+            "framed": framed, **source.inputs, "open_slots": open_slots.astype(np.int64), "blocked": blocked,
+            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty)[:, None], "word_edges": word_edges,
+            "no_end": no_end[:, None]})
+        tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 
     def _penalties(self, n: int, beta: float) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from ..preprocess import PreprocessError, Preprocessing
 
-FORMAT_VERSION = 2  # 2: the pass takes the word-edge rule (constraints)
+FORMAT_VERSION = 2  # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
@@ -30,12 +30,19 @@ BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, al
 TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
-GRAPH_IO = {  # the inputs and outputs of each graph, as the export names them
-    ENCODER: (("src_tokens",), ("keys", "values")),
-    PASS: (("framed", "keys", "values", "src_padding", "open_slots", "blocked", "eos_penalty", "word_edges",
-            "no_end"),
-           ("tokens", "log_probs", "eos_log_probs", "location")),
-}
+
+
+def source_names(layers: int) -> Tuple[str, ...]:
+    """The encoder's outputs, which every pass takes: each decoder layer's encoder-attention keys, then values."""
+    return (*(f"keys_{i}" for i in range(layers)), *(f"values_{i}" for i in range(layers)))
+
+
+def graph_io(name: str, layers: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them."""
+    if name == ENCODER:
+        return ("src_tokens",), source_names(layers)
+    return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
+             "no_end"), ("tokens", "log_probs", "eos_log_probs", "location"))
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -223,9 +230,9 @@ def _json_type(value: Any, kind: type) -> bool:
 
 
 # ---------------------------------------------------------------- the graphs
-def check_graph_io(path: Path, session: Any) -> None:
+def check_graph_io(path: Path, session: Any, layers: int) -> None:
     """The graph's input and output names are the export's."""
-    inputs, outputs = GRAPH_IO[path.name]
+    inputs, outputs = graph_io(path.name, layers)
     have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
     if have != (inputs, outputs):
         raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
@@ -234,16 +241,18 @@ def check_graph_io(path: Path, session: Any) -> None:
 
 def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int]) -> None:
     """Both graphs against each other, settings.json's decoder layers and the vocabulary files."""
-    check_graph_io(model_dir / ENCODER, encoder)
-    check_graph_io(model_dir / PASS, decoder_pass)
-    keys = encoder.get_outputs()[0].shape  # (L, batch, heads, source, head dim)
-    if keys[0] != layers:
-        raise TranslatorError(f"{model_dir / ENCODER}: keys for {keys[0]} decoder layers, {model_dir / SETTINGS} "
+    keyed = sum(o.name.startswith("keys_") for o in encoder.get_outputs())
+    if keyed and keyed != layers:
+        raise TranslatorError(f"{model_dir / ENCODER}: keys for {keyed} decoder layers, {model_dir / SETTINGS} "
                               f"says model.decoder_layers {layers}")
-    for node in decoder_pass.get_inputs()[1:3]:
-        if [node.shape[i] for i in (0, 2, 4)] != [keys[i] for i in (0, 2, 4)]:
+    check_graph_io(model_dir / ENCODER, encoder, layers)
+    check_graph_io(model_dir / PASS, decoder_pass, layers)
+    given = {o.name: o.shape for o in encoder.get_outputs()}  # (batch, heads, source, head dim) each
+    for node in decoder_pass.get_inputs()[1:1 + 2 * layers]:
+        if [node.shape[i] for i in (1, 3)] != [given[node.name][i] for i in (1, 3)]:
             raise TranslatorError(f"{model_dir / PASS}: takes {node.name} of shape {node.shape}, "
-                                  f"{model_dir / ENCODER} gives {keys}: the graphs come from different models")
+                                  f"{model_dir / ENCODER} gives {given[node.name]}: the graphs come from different "
+                                  "models")
     for (side, name), session, size in zip(VOCABS.items(), (encoder, decoder_pass), vocab_sizes):
         recorded = session.get_modelmeta().custom_metadata_map.get("vocab_size")
         if recorded is not None and recorded != str(size):

@@ -1,0 +1,79 @@
+"""The exported pass's step rule (export.step_rule): on random tables with many ties it chooses what the
+PyTorch generator's rule chooses over the whole table (bos, pad and the blocked tokens excluded, end-of-slot
+penalised, the lowest id among equal scores), with the same log-probabilities; with the word-edge rule,
+as the generator's (InsertionGenerator._keep_word_edges), a slot left with no token at all ending."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto  # noqa: E402
+
+from fairseq_insertion.export import Graph, _io, excluded, step_rule  # noqa: E402
+
+BOS, PAD, EOS = 0, 1, 2
+
+
+def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
+    g = Graph("step")
+    step_rule(g, "content", excluded(V, (BOS, PAD, EOS), joins_next, joins_prev), "word_edges", "blocked",
+              "eos_penalty", "no_end", EOS)
+    model = g.model([_io("content", TensorProto.FLOAT, ["open", V]), _io("blocked", TensorProto.INT64, ["open", "m"]),
+                     _io("eos_penalty", TensorProto.FLOAT, ["open", 1]), _io("word_edges", TensorProto.INT64, ["open"]),
+                     _io("no_end", TensorProto.BOOL, ["open", 1])],
+                    [_io(name, dtype, ["open", 1]) for name, dtype in (("tokens", TensorProto.INT64),
+                                                                        ("log_probs", TensorProto.FLOAT),
+                                                                        ("eos_log_probs", TensorProto.FLOAT))],
+                    vocab_size=V)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next, joins_prev):
+    """The generator's rule (InsertionGenerator._predict and _keep_word_edges) on the whole (N, V) table."""
+    c = torch.from_numpy(content.copy())
+    lse = c.logsumexp(-1)
+    eos_lp = c[:, EOS] - lse
+    c.scatter_(1, torch.from_numpy(blocked), float("-inf"))
+    c[:, EOS] -= torch.from_numpy(penalty)
+    c[:, BOS] = float("-inf")
+    c[:, PAD] = float("-inf")
+    end = c[:, EOS].clone()
+    c.masked_fill_(torch.from_numpy(no_next[:, None] & joins_next), float("-inf"))
+    c.masked_fill_(torch.from_numpy(no_prev[:, None] & joins_prev), float("-inf"))
+    c[:, EOS].masked_fill_(torch.from_numpy(no_end), float("-inf"))
+    best, tok = c.max(-1)
+    stuck = best.isneginf()  # no token left: the slot ends
+    best, tok = torch.where(stuck, end, best), tok.masked_fill(stuck, EOS)
+    return tok.numpy(), (best - lse).numpy(), eos_lp.numpy()
+
+
+@pytest.mark.parametrize("V", [5, 12, 40])
+@pytest.mark.parametrize("edges", [False, True])
+def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
+    gen = np.random.default_rng(V)
+    joins_next, joins_prev = (np.arange(V) >= 4) & (gen.random(V) < 0.5), (np.arange(V) >= 4) & (gen.random(V) < 0.3)
+    session = step_session(V, joins_next, joins_prev)
+    chosen, stuck = set(), 0
+    for _ in range(80):
+        N, M = int(gen.integers(1, 9)), int(gen.integers(1, 6))
+        content = gen.choice([-1.0, 0.0, 0.5, 1.0], size=(N, V)).astype(np.float32)  # many ties
+        blocked = gen.integers(3, V, size=(N, M))
+        blocked[gen.random((N, M)) < 0.3] = PAD  # pad: nothing blocked in that column
+        penalty = gen.choice([0.0, 0.5, 1.0], size=N).astype(np.float32)
+        no_next, no_prev, no_end = (gen.random((3, N)) < (0.5 if edges else 0.0))
+        tokens, log_probs, eos_log_probs = session.run(None, {
+            "content": content, "blocked": blocked, "eos_penalty": penalty[:, None],
+            "word_edges": no_next.astype(np.int64) + 2 * no_prev, "no_end": no_end[:, None]})
+        want_tok, want_lp, want_eos = full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next,
+                                                 joins_prev)
+        assert tokens[:, 0].tolist() == want_tok.tolist()
+        np.testing.assert_allclose(log_probs[:, 0], want_lp, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(eos_log_probs[:, 0], want_eos, rtol=1e-5, atol=1e-5)
+        chosen.update(tokens[:, 0].tolist())
+        stuck += int((no_end & (want_tok == EOS)).sum())
+    assert EOS in chosen and len(chosen) > 2  # both end-of-slot and tokens were chosen
+    assert stuck > 0 if edges and V == 5 else True  # a slot with nothing left ends
