@@ -168,3 +168,24 @@ def test_the_pass_profile_names_where_the_time_goes(kit, tmp_path):
     table = (out / "passes.md").read_text()
     assert "| tiny | int8 | 4 |" in table and "outside onnxruntime" in table
     assert str(root) not in (out / "passes.json").read_text()
+
+
+def test_two_variants_take_turns_and_are_compared(kit, tmp_path):
+    root, _, insertion = kit
+    out = tmp_path / "checkouts"
+    cmd = [sys.executable, "-m", "benchmarks.checkouts", "--variant", f"plain={REPO}", "--variant",
+           f"closed={REPO}:close_ended_slots=true,max_iterations=1", "--insertion", insertion, "--data-bin",
+           root / "bin", "--ref", root / "raw" / "test.tgt", "--out", out, "--sentences", "6", "--batches", "1", "3",
+           "--precisions", "fp32", "--rounds", "2"]
+    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "checkouts.json").read_text())
+    assert [(r["precision"], r["batch"]) for r in res["rows"]] == [("fp32", 1), ("fp32", 3)]
+    for r in res["rows"]:
+        assert len(r["seconds_by_round"]["plain"]) == len(r["seconds_by_round"]["closed"]) == 2 and r["ratio"] > 0
+        assert r["sentences"] == 6 and r["mean_length"]["plain"] > 1
+        assert r["identical"] < 6  # one iteration changes the outputs: the options reach the decode
+    assert res["variants"][1]["options"] == {"close_ended_slots": True, "max_iterations": 1}
+    text = (out / "checkouts.json").read_text()  # the checkouts named by their variants, no machine path
+    assert "| fp32 | 3 |" in (out / "checkouts.md").read_text() and "--variant plain=PLAIN" in text
+    assert str(REPO) not in text and str(root) not in text

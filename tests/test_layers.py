@@ -123,7 +123,7 @@ def test_from_pretrained_returns_the_insertion_hub_interface():
 # The benchmark measures checkpoints through the package's public rooms only: the package itself (its
 # registrations), config (DecodingConfig), export (the ONNX export) and runtime (the Translator); and from
 # examples/ only the recipes that make what it measures and their shared steps.
-PUBLIC_ROOMS = {NAME, f"{NAME}.config", f"{NAME}.export", f"{NAME}.runtime"}
+PUBLIC_ROOMS = {NAME, f"{NAME}.config", f"{NAME}.export", f"{NAME}.runtime", f"{NAME}.preprocess"}  # + raw text
 RECIPES = {"examples.commands", "examples.steps", "examples.generate_output", "examples.multi30k.systems",
            "examples.multi30k.constraints"}
 BENCHMARKS = PACKAGE.parent / "benchmarks"
