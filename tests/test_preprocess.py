@@ -401,3 +401,26 @@ def test_an_export_without_a_record_needs_the_settings(model, prepared, tmp_path
     proc = runtime("translate", out, "--tokenizer", "moses", "--bpe-codes", prepared / "bpe.codes",
                    stdin="".join(x + "\n" for x in RAW_TEXT))
     assert proc.returncode == 0 and proc.stdout.split("\n")[:-1] == got, proc.stderr
+
+
+def test_raw_constraints_are_prepared_as_the_target_side_and_placed(prepared, exported):
+    """translate_text(constraints=): each raw phrase tokenised in the target language and BPE'd, ``___`` kept,
+    as translate_batch with those pieces; the phrases come out whole, in order."""
+    pytest.importorskip("onnxruntime")
+    from fairseq_insertion.preprocess import prepare_constraint
+    from fairseq_insertion.runtime import Translator
+
+    settings = Preprocessing(source_lang="en", target_lang="de", bpe_codes=str(prepared / "bpe.codes"))
+    lines = ["A father-figure runs, quickly!", "The big cat sleeps.", ""]
+    constraints = [["well-known dog"], ["blue-green", "(small) ___ cat"], ["the red sleeps"]]
+    pieces = [[prepare_constraint(c, settings).split() for c in cs] for cs in constraints]
+    assert pieces[1][1][:3] == prepare_line("(small)", settings, "de").split()[:3] and "___" in pieces[1][1]
+    translator = Translator(exported, intra_threads=1)
+    expected = [detokenize(r.hypotheses[0], settings) for r in translator.translate_batch(
+        [prepare_line(x, settings).split() for x in lines], constraints=pieces, max_len_b=30)]
+    got = translator.translate_text(lines, constraints=constraints, max_len_b=30)
+    assert got == expected
+    assert "well-known dog" in got[0] and got[1].index("blue-green") < got[1].index("(small)") < got[1].index("cat")
+    assert "the red sleeps" in got[2]  # an empty line with constraints: decoded from them
+    with pytest.raises(Exception, match=r"constraints\[1\]: expected a list of str lines"):
+        translator.translate_text(lines, constraints=[[], "blue-green", []])
