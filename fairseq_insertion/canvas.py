@@ -110,19 +110,9 @@ def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional
 
 
 def gather_canvas(target: Tensor, keep: Tensor, pad: int) -> Tuple[Tensor, Tensor]:
-    """The kept tokens in target order, left-aligned and padded.
-
-    target, keep: (B, N). Returns canvas (B, K) with K = max kept count (at
-    least 0 columns) and canvas_lengths (B,).
-    """
-    B, N = target.shape
-    lengths = keep.sum(1)  # (B,)
-    pos = torch.arange(N, device=target.device).unsqueeze(0).expand(B, N)
-    order = torch.where(keep, pos, pos + N).argsort(dim=1)  # kept first, in order
-    K = int(lengths.max()) if B > 0 else 0
-    canvas = target.gather(1, order[:, :K])
-    canvas = canvas.masked_fill(torch.arange(K, device=target.device).unsqueeze(0) >= lengths.unsqueeze(1), pad)
-    return canvas, lengths
+    """The kept tokens in target order, left-aligned and padded: target, keep (B, N) -> canvas (B, K),
+    K the largest kept count, and its lengths (B,) (:func:`fairseq_insertion.loop.gather_canvas`)."""
+    return L.gather_canvas(TORCH, target, keep, pad)
 
 
 def frame(canvas: Tensor, lengths: Tensor, bos: int, eos: int, pad: int) -> Tensor:

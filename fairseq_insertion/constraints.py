@@ -24,7 +24,6 @@ from .preprocess import GAP_SPLIT as _GAP_SPLIT
 
 logger = logging.getLogger(__name__)
 
-
 EncodeFn = Optional[Callable[[str], str]]
 
 

@@ -8,12 +8,12 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
 * ``encoder.onnx``: source tokens (B, S) -> every decoder layer's encoder-attention keys and
   values, ``keys_0``, ..., ``values_0``, ... (B, heads, S, head dim), computed once per batch;
 * ``pass.onnx``: one decoding pass: framed canvases (A, T+2), the cached keys and values, the
-  source mask (int32, 1 at real tokens), the open slots (N flat indices into the A x (T+1) slots), the tokens each open
-  slot may not receive (N, M), each open slot's EOS penalty (N,) and the word-edge rule at
-  constraints (``word_edges`` (N,): which subword pieces it may not receive; ``no_end`` (N,): whether it
-  may end; :func:`~fairseq_insertion.loop.word_edge_bans`) -> each open slot's best
-  token, its log p(c | l) and its end-of-slot log-probability (N,), and log p(l) of every slot
-  (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
+  source mask (int32, 1 at real tokens), the open slots (N flat indices into the A x (T+1) slots),
+  the tokens each open slot may not receive (N, M), each open slot's EOS penalty (N, 1) and the
+  word-edge rule at constraints (``word_edges`` (N,): which subword pieces it may not receive;
+  ``no_end`` (N, 1): whether it may not end; :func:`~fairseq_insertion.loop.word_edge_bans`) -> each
+  open slot's best token, its log p(c | l) and its end-of-slot log-probability (N, 1), and log p(l)
+  of every slot (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
 * ``settings.json``: the model's ids and sizes, the decoding's options

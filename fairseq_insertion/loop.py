@@ -309,6 +309,18 @@ def word_edge_table(symbols: Sequence[str], nspecial: int, scheme: Optional[str]
     return scheme, np.asarray(nxt, dtype=bool) & keep, np.asarray(prev, dtype=bool) & keep
 
 
+def gather_canvas(xp: Ops, target: Array, keep: Array, pad: Any) -> Tuple[Array, Array]:
+    """The kept tokens in target order, left-aligned and padded: target, keep (B, N) -> the canvas (B, K),
+    K the largest kept count (at least 0 columns), and its lengths (B,)."""
+    B, N = target.shape
+    lengths = xp.long(keep).sum(1)  # (B,)
+    pos = xp.arange(N, like=lengths)[None, :]
+    order = xp.argsort(xp.where(keep, pos, pos + N))  # (B, N) kept first, in order
+    K = xp.host(lengths.max())[0] if B > 0 else 0
+    within = xp.arange(K, like=lengths)[None, :] < lengths[:, None]  # (B, K)
+    return xp.where(within, xp.gather(target, order[:, :K]), pad), lengths
+
+
 # ---------------------------------------------------------------- constraints on the initial canvas
 class Start(NamedTuple):
     """Where a decode starts: the empty canvas, or one holding hard constraints."""
@@ -374,16 +386,14 @@ def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
     ends_with_gap = xp.gather(is_gap, last_pos[:, None])[:, 0]
     closed_start = first_template & ~is_gap[:, 0]
     closed_end = last_template & ~ends_with_gap & (m > 0)
-    M = body.shape[1]
-    lengths = xp.long(real).sum(1)  # (B,)
-    K = xp.host(lengths.max())[0] if B else 0
-    column = xp.arange(M, like=body)[None, :]
+    tokens, lengths = gather_canvas(xp, body, real, pad)  # (B, K)
+    keep_pos, _ = gather_canvas(xp, xp.arange(body.shape[1], like=body)[None, :] + body * 0, real, 0)  # (B, K)
+    K = tokens.shape[1]
     within = xp.arange(K, like=body)[None, :] < lengths[:, None]  # (B, K)
-    keep_pos = xp.where(within, xp.argsort(xp.where(real, column, column + M))[:, :K], 0)  # (B, K) kept, in order
     first = xp.arange(K, like=body)[None, :] == 0
     closed_before = (xp.gather(glued, keep_pos) | (first & closed_start[:, None])) & within
-    return Start(tokens=xp.where(within, xp.gather(body, keep_pos), pad), lengths=lengths,
-                 closed_before=closed_before, closed_end=closed_end, segment=xp.gather(segment, keep_pos))
+    return Start(tokens=tokens, lengths=lengths, closed_before=closed_before, closed_end=closed_end,
+                 segment=xp.gather(segment, keep_pos))
 
 
 # ---------------------------------------------------------------- the state of the loop

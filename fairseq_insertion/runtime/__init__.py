@@ -143,7 +143,7 @@ class Translator:
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)))
         self._source_names = F.source_names(m["decoder_layers"])
-        self._penalty_cache: Dict[float, np.ndarray] = {}
+        self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
         not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
@@ -328,20 +328,23 @@ class Translator:
                                                         open_, sequence)  # (N,) each
             word_edges = no_next.astype(np.int64) + 2 * no_prev
         else:
-            word_edges, no_end = np.zeros(len(open_slots), np.int64), np.zeros(len(open_slots), bool)
+            n = len(open_slots)
+            word_edges, no_end = self._constant(n, 0, np.int64), self._constant(n, False, bool)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
             "framed": framed, **source.inputs, "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": self._penalties(len(open_slots), opts.eos_penalty)[:, None], "word_edges": word_edges,
-            "no_end": no_end[:, None]})
+            "eos_penalty": self._constant(len(open_slots), opts.eos_penalty, np.float32)[:, None],
+            "word_edges": word_edges, "no_end": no_end[:, None]})
         tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 
-    def _penalties(self, n: int, beta: float) -> np.ndarray:
-        """(n,) beta: one array per beta, grown as needed and sliced (no allocation per pass)."""
-        have = self._penalty_cache.get(beta)
+    def _constant(self, n: int, value: Any, dtype: Any) -> np.ndarray:
+        """(n,) ``value``: one read-only array per value and type, grown as needed and sliced (no allocation per
+        pass)."""
+        key = (value, np.dtype(dtype).str)
+        have = self._constants.get(key)
         if have is None or len(have) < n:
-            have = self._penalty_cache[beta] = np.full(max(n, 2 * len(have) if have is not None else 64), beta,
-                                                       np.float32)
+            have = self._constants[key] = np.full(max(n, 2 * len(have) if have is not None else 64), value, dtype)
+            have.flags.writeable = False
         return have[:n]
 
     def _result(self, ids: np.ndarray, score: float, iterations: int) -> TranslationResult:

@@ -30,6 +30,7 @@ BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, al
 TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
+JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def source_names(layers: int) -> Tuple[str, ...]:
@@ -43,7 +44,6 @@ def graph_io(name: str, layers: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
         return ("src_tokens",), source_names(layers)
     return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
              "no_end"), ("tokens", "log_probs", "eos_log_probs", "location"))
-JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 class TranslatorError(ValueError):
