@@ -293,10 +293,6 @@ class InitialCanvas(L.Start):
         """The unconstrained start: an empty canvas, every slot open."""
         return cls(*L.Start.blank(TORCH, batch, torch.zeros(0, dtype=torch.long, device=device), pad))
 
-    def take(self, idx: Tensor) -> "InitialCanvas":
-        """The rows ``idx`` (N,), e.g. a sentence once per candidate."""
-        return InitialCanvas(*(t.index_select(0, idx) for t in self))
-
     def emptied(self, rows: Tensor, pad: int) -> "InitialCanvas":
         """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
         r = rows.unsqueeze(1)

@@ -82,7 +82,7 @@ class DecodingConfig:
 
     decoding: str = _option("parallel", "--decoding", RUNTIME, INSERTION)
     eos_penalty: float = _option(0.0, "--eos-penalty", RUNTIME, INSERTION)
-    eos_penalties: Tuple[float, ...] = _option((), "--eos-penalties", INSERTION)
+    eos_penalties: Tuple[float, ...] = _option((), "--eos-penalties", RUNTIME, INSERTION)
     max_len_a: float = _option(2.0, "--max-len-a", RUNTIME)
     max_len_b: int = _option(10, "--max-len-b", RUNTIME)
     max_iterations: int = _option(0, "--max-iterations", RUNTIME, INSERTION)
@@ -95,7 +95,7 @@ class DecodingConfig:
     retain_history: bool = _option(False, "--retain-iter-history")
     precision: str = _option("fp32", "--decode-precision")
     rerank_with: Optional[str] = _option(None, "--rerank-with", INSERTION)
-    rerank_weight: float = _option(0.0, "--rerank-weight")
+    rerank_weight: float = _option(0.0, "--rerank-weight", RUNTIME)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -188,6 +188,8 @@ def add_runtime_arguments(group: Any) -> None:
         default = getattr(defaults, name)
         if isinstance(default, bool):
             group.add_argument(FLAGS[name], dest=name, action=argparse.BooleanOptionalAction, default=None)
+        elif isinstance(default, tuple):
+            group.add_argument(FLAGS[name], dest=name, type=parse_betas, default=None, metavar="B,B,...")
         else:
             group.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
 

@@ -66,6 +66,7 @@ from .runtime.files import (
     ENCODER,
     FORMAT_VERSION,
     PASS,
+    SCORER,
     SETTINGS,
     VOCABS,
     file_digests,
@@ -153,16 +154,17 @@ def _activation(g: Graph, x: str, fn) -> str:
     raise ExportError(f"activation {getattr(fn, '__name__', fn)}: the export covers relu and gelu")
 
 
-def _self_attention(g: Graph, x: str, attn, mask: str) -> str:
+def _self_attention(g: Graph, x: str, attn, mask: str, causal: bool = False) -> str:
     """fairseq's MultiheadAttention of x (A, T, C) over itself: onnxruntime's fused ``Attention``
     (one q/k/v product, the heads, softmax(q k^T / sqrt(d)) v; int8: ``QAttention``), then the
-    output projection. mask: (A, T) int32, 1 where attending is allowed."""
+    output projection. mask: (A, T) int32, 1 where attending is allowed; causal: each position attends
+    to itself and those before it only (an autoregressive decoder)."""
     weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()  # (C, 3C)
     bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features)
                       for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
     _check_scaling(attn)
     y = g.op("Attention", x, g.const(weight, "qkv_weight"), g.const(bias, "qkv_bias"), mask,
-             domain="com.microsoft", num_heads=attn.num_heads)
+             domain="com.microsoft", num_heads=attn.num_heads, unidirectional=int(causal))
     return _linear(g, y, attn.out_proj)
 
 
@@ -225,11 +227,9 @@ def _mask(g: Graph, keep: str) -> str:
     return g.op("Cast", keep, to=TensorProto.INT32)
 
 
-def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
-    """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
-    attention. Mirrors fairseq's TransformerEncoderBase in inference."""
-    enc, dec = model.encoder, model.decoder
-    g = Graph("insertion_encoder")
+def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
+    """fairseq's TransformerEncoderBase in inference on ``src_tokens`` (B, S): its output (B, S, C) and
+    where the tokens are real (B, S)."""
     keep = g.op("Not", g.op("Equal", "src_tokens", g.const(np.asarray(enc.padding_idx, np.int64), "pad")))
     x = _embed(g, "src_tokens", keep, enc, scale_padding=True)
     mask = _mask(g, keep)
@@ -238,7 +238,15 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
         x = _residual(g, x, layer.self_attn_layer_norm, before,
                       lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
         x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
-    x = _layer_norm(g, x, enc.layer_norm)
+    return _layer_norm(g, x, enc.layer_norm), keep
+
+
+def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
+    """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
+    attention. Mirrors fairseq's TransformerEncoderBase in inference."""
+    enc, dec = model.encoder, model.decoder
+    g = Graph("insertion_encoder")
+    x, _ = _encode(g, enc)
     attn = [layer.encoder_attn for layer in dec.layers]
     L, H, d = len(attn), attn[0].num_heads, attn[0].head_dim
     fused = nn.Linear(enc.embed_tokens.embedding_dim, 2 * L * H * d)
@@ -254,6 +262,46 @@ def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
                    [_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names],
                    vocab_size=enc.embed_tokens.num_embeddings)
+
+
+def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
+    """An autoregressive fairseq transformer (``--rerank-with``, e.g. the distillation teacher) scoring
+    candidates, teacher-forced, as :class:`~fairseq_insertion.rerank.AutoregressiveScorer`: ``src_tokens``
+    (B, S) each source once, ``rows`` (N,) the source of each candidate, ``target`` (N, T) the candidates
+    with end-of-sentence, right-padded, and ``prev_tokens`` (N, T) the same shifted right behind
+    end-of-sentence -> ``log_probs`` (N,): log p(target | source), summed over its real tokens."""
+    enc, dec = model.encoder, model.decoder
+    g = Graph("scorer")
+    x, keep = _encode(g, enc)
+    memory = g.op("Gather", x, "rows", axis=0)  # (N, S, C)
+    src_mask = _mask(g, g.op("Gather", keep, "rows", axis=0))  # (N, S)
+    pad = g.const(np.asarray(dec.padding_idx, np.int64), "pad")
+    real = g.op("Not", g.op("Equal", "prev_tokens", pad))  # (N, T)
+    y = _embed(g, "prev_tokens", real, dec, scale_padding=False)
+    mask = _mask(g, real)
+    for layer in dec.layers:
+        before, attn = layer.normalize_before, layer.encoder_attn
+        _check_scaling(attn)
+        y = _residual(g, y, layer.self_attn_layer_norm, before,
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal=True))
+        y = _residual(g, y, layer.encoder_attn_layer_norm, before, lambda h, a=attn: _linear(g, g.op(
+            "MultiHeadAttention", _linear(g, h, a.q_proj), _linear(g, memory, a.k_proj), _linear(g, memory, a.v_proj),
+            "", src_mask, domain="com.microsoft", num_heads=a.num_heads), a.out_proj))
+        y = _residual(g, y, layer.final_layer_norm, before, _ffn(g, layer))
+    y = _layer_norm(g, y, dec.layer_norm)
+    if dec.project_out_dim is not None:
+        y = _linear(g, y, dec.project_out_dim)
+    logits = g.op("MatMul", y, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, T, V)
+    token = g.op("Squeeze", g.op("GatherElements", g.op("LogSoftmax", logits, axis=-1),
+                                 g.op("Unsqueeze", "target", g.ints(-1)), axis=2), g.ints(-1))  # (N, T)
+    scored = g.op("Where", g.op("Equal", "target", pad), g.scalar(0.0), token)
+    g.output("ReduceSum", "log_probs", scored, g.ints(1), keepdims=0)
+    return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"]),
+                    _io("rows", TensorProto.INT64, ["candidates"]),
+                    _io("target", TensorProto.INT64, ["candidates", "length"]),
+                    _io("prev_tokens", TensorProto.INT64, ["candidates", "length"])],
+                   [_io("log_probs", TensorProto.FLOAT, ["candidates"])],
+                   vocab_size=dec.embed_tokens.num_embeddings)
 
 
 def excluded(V: int, specials: Sequence[int], joins_next: np.ndarray, joins_prev: np.ndarray) -> np.ndarray:
@@ -388,11 +436,11 @@ def export_graphs(model: nn.Module, out: Path) -> None:
         onnx.save(pass_graph(model), str(out / PASS))
 
 
-def quantize(out: Path) -> None:
-    """onnxruntime's dynamic quantization of both graphs, in place (int8 weights)."""
+def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS)) -> None:
+    """onnxruntime's dynamic quantization of the graphs ``names``, in place (int8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in (ENCODER, PASS):
+    for name in names:
         graph = onnx.load(str(out / name)).graph
         weights = {w.name for w in graph.initializer}
         dims = {w.name: w.dims for w in graph.initializer}
@@ -429,37 +477,62 @@ def recorded_preprocessing(data: Path) -> Optional[P.Preprocessing]:
     return P.read_record(data / P.RECORD) if (data / P.RECORD).is_file() else None
 
 
+def load_scorer(path: Path, task) -> nn.Module:
+    """``--rerank-with``: an autoregressive fairseq transformer trained with the insertion model's dictionaries
+    (refused, naming the files, otherwise: :meth:`fairseq_insertion.rerank.AutoregressiveScorer.load`)."""
+    from .checkpoints import dictionary_files
+    from .rerank import AutoregressiveScorer
+
+    try:
+        scorer = AutoregressiveScorer.load(str(path), task.source_dictionary, task.target_dictionary,
+                                           torch.device("cpu"), dictionaries=dictionary_files(task.cfg))
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    return scorer.model.float().eval()
+
+
 def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
-           preprocessing: Optional[P.Preprocessing] = None) -> Path:
+           preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
-    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any)."""
+    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any) and ``scorer`` (an autoregressive
+    checkpoint that chooses among candidates, :func:`scorer_graph`), if given."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
     model, task = load(path, data)
-    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing)
+    teacher = load_scorer(scorer, task) if scorer is not None else None
+    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
+                        teacher)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
-                 config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None) -> Path:
+                 config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
+                 scorer: Optional[nn.Module] = None) -> Path:
     """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
-    raw text was prepared for it (recorded, its codes copied), if known."""
+    raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
+    transformer of the same dictionaries that chooses among candidates (``scorer.onnx``)."""
     config = config or DecodingConfig()
     if preprocessing is not None:
         P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out)
+    (out / SCORER).unlink(missing_ok=True)
+    if scorer is not None:
+        with torch.no_grad():
+            onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
     if int8:
-        quantize(out)
+        quantize(out, (ENCODER, PASS, SCORER) if scorer is not None else (ENCODER, PASS))
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
     (out / BPE_CODES).unlink(missing_ok=True)
     values, names = settings(model, src_dict, tgt_dict, config, int8), CHECKED
+    if scorer is not None:
+        values["scorer"], names = SCORER, (*names, SCORER)
     if preprocessing is not None:
         codes = preprocessing.bpe_codes and BPE_CODES
         if codes:
             shutil.copyfile(preprocessing.bpe_codes, out / codes)
-            names = (*CHECKED, codes)
+            names = (*names, codes)
         values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=codes).record()
     values["files"] = file_digests(out, names)
     (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
@@ -473,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--int8", action="store_true", help="int8 weights (onnxruntime dynamic quantization)")
+    p.add_argument("--rerank-with", type=Path, default=None, metavar="CHECKPOINT",
+                   help="an autoregressive fairseq transformer of the same dictionaries (e.g. the distillation "
+                   "teacher), exported as scorer.onnx: it chooses among the --eos-penalties candidates")
     add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
     P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
                     f"--data's {P.RECORD} when it has one")
@@ -486,7 +562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
-        out = export(args.path, args.data, args.out, args.int8, config, preprocessing)
+        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with)
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2
@@ -494,7 +570,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__: List[str] = ["ExportError", "encoder_graph", "export", "export_model", "main", "pass_graph"]
+__all__: List[str] = ["ExportError", "encoder_graph", "export", "export_model", "main", "pass_graph", "scorer_graph"]
 
 if __name__ == "__main__":
     sys.exit(main())

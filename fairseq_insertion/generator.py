@@ -207,7 +207,9 @@ class InsertionGenerator:
             for h, t in zip(rows, teacher):
                 h["teacher_score"] = t
                 h["rerank_score"] = t + cfg.rerank_weight * float(h["score"])
-        hypos = [_candidates(rows[b * n:(b + 1) * n], "rerank_score" if self.rerank else "score") for b in range(B)]
+        key = "rerank_score" if self.rerank else "score"
+        order = L.best_first(TORCH, torch.tensor([float(h[key]) for h in rows]), n).tolist()  # (B, n)
+        hypos = [[rows[b * n + c] for c in order[b]] for b in range(B)]
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
                            torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes)
         return hypos
@@ -388,7 +390,3 @@ def _reorder_constraints(init: InitialCanvas, hyp: Tensor, hyp_lengths: Tensor) 
     return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
                          segment=segment.gather(1, perm))
 
-
-def _candidates(rows: List[Dict], key: str) -> List[Dict]:
-    """One sentence's candidates (one per EOS penalty), best ``key`` first; ties keep the given order."""
-    return sorted(rows, key=lambda h: -float(h[key]))

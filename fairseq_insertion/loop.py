@@ -338,6 +338,10 @@ class Start(NamedTuple):
         zeros = xp.full((batch,), 0, like=like)
         return cls(tokens=none, lengths=zeros, closed_before=none != none, closed_end=zeros > 0, segment=none + 0)
 
+    def take(self, idx: Array) -> "Start":
+        """The rows ``idx`` (N,), e.g. each sentence's once per candidate."""
+        return type(self)(*(t[idx] for t in self))
+
 
 def length_limits(xp: Ops, max_len: Array, empty: Array, given: Array, limit: int) -> Tuple[Array, Array]:
     """Each sentence's length limit once it holds ``given`` (B,) constraint tokens, and the sentences whose
@@ -664,3 +668,20 @@ def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: i
         return state, memory
     idx = backend.xp.argsort(backend.xp.long(keep), descending=True)[:n_keep]  # kept rows first, in order
     return state.take(idx).trimmed(width), backend.reorder(memory, idx)
+
+
+# ---------------------------------------------------------------- candidates
+def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Optional[Array] = None,
+                     weight: float = 0.0) -> Array:
+    """(R,) each candidate's score, by which its sentence's candidates are ordered: the decode's
+    log-probability ``log_prob`` (R,) / (n + 1) ** lenpen, its n tokens and the end; with a scorer's
+    log-probabilities ``teacher`` (R,) (the end included), the scorer's / (n + 1) ** lenpen + ``weight`` x
+    the decode's (``--rerank-weight``)."""
+    norm = (lengths + 1) ** lenpen  # (R,)
+    return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
+
+
+def best_first(xp: Ops, scores: Array, n: int) -> Array:
+    """(B, n) each sentence's ``n`` candidates (rows b n ... b n + n - 1 of ``scores`` (B n,)), the best first;
+    ties keep the row order (the lower EOS penalty's index first)."""
+    return xp.argsort(scores.reshape(-1, n), descending=True)

@@ -69,6 +69,14 @@ class TranslationResult:
     iterations: List[int] = field(default_factory=list)
 
 
+class Candidate(NamedTuple):
+    """One decode of a sentence: its target ids, its score (as :class:`TranslationResult`'s) and iterations."""
+
+    ids: np.ndarray
+    score: float
+    iterations: int
+
+
 class Source(NamedTuple):
     """What every pass reuses of the active sentences' source side, as the pass graph takes it."""
 
@@ -119,7 +127,9 @@ class Translator:
         self.preprocessing = F.check_preprocessing(self.settings, self.model_dir)
         """How raw text was prepared for the model (the export's record), or None."""
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
-        F.check_digests(self.model_dir, self.settings, [Path(codes).name] if codes else [])
+        scorer = F.check_scorer(self.settings, self.model_dir)
+        F.check_digests(self.model_dir, self.settings,
+                        [Path(p).name for p in (scorer, codes) if p is not None])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
         settings_path = self.model_dir / F.SETTINGS
@@ -142,6 +152,11 @@ class Translator:
         self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)))
+        self._scorer = None
+        """The export's scorer (``export --rerank-with``): it orders each sentence's candidates."""
+        if scorer is not None:
+            self._scorer = _session(ort, scorer, so, providers)
+            F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
@@ -153,23 +168,33 @@ class Translator:
         """With ``profile``: write the profiler's traces (onnxruntime's JSON) and return their paths, by graph."""
         return {"encoder": self._encoder.end_profiling(), "pass": self._pass.end_profiling()}
 
+    @property
+    def has_scorer(self) -> bool:
+        """Whether the export holds a scorer (``export --rerank-with``) that orders the candidates."""
+        return self._scorer is not None
+
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
-                        constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None,
+                        constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None, num_hypotheses: int = 1,
                         **options: Any) -> List[TranslationResult]:
         """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
         :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
         sentences decoded together (0: all; sentences of similar length go together).
         constraints: per input, its hard constraints, each a list of target pieces (``___``: a
-        template gap), in the order they must appear. options: decoding options (see the module), the
-        export's values by default. A source or constraints that are not lists of token lists
-        (non-empty strings without whitespace), or a max_batch_size that is not an integer >= 0, is
-        refused with a TranslatorError naming it."""
+        template gap), in the order they must appear. num_hypotheses: how many of each input's
+        candidates to return, best first (at most one per ``eos_penalties`` value). options: decoding
+        options (see the module), the export's values by default. A source or constraints that are not
+        lists of token lists (non-empty strings without whitespace), or a max_batch_size that is not an
+        integer >= 0, is refused with a TranslatorError naming it."""
         _check_source(source)
         max_batch_size = _count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
+        k = _count(num_hypotheses, "num_hypotheses", 1)
+        if k > len(opts.betas):
+            raise TranslatorError(f"num_hypotheses: {k}, but the decode makes {len(opts.betas)} candidate(s) a "
+                                  "sentence (one per eos_penalties value)")
         given = None if constraints is None else self.encode_constraints(constraints, len(source))
         ids = [self.encode(tokens) for tokens in source]
-        return [self._result(t, s, i) for t, s, i in self.translate_ids(ids, max_batch_size, opts, given)]
+        return [self._result(candidates[:k]) for candidates in self.translate_ids(ids, max_batch_size, opts, given)]
 
     def translate_text(self, lines: Sequence[str], max_batch_size: int = 0,
                        preprocessing: Optional[Preprocessing] = None,
@@ -243,10 +268,9 @@ class Translator:
         return out
 
     def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
-                      constraints: Optional[Sequence[Sequence[np.ndarray]]] = None
-                      ) -> List[Tuple[np.ndarray, float, int]]:
-        """(target ids, score, iterations) of every source id array, in input order; ``constraints``: each
-        input's constraints as target ids (pad: a template gap)."""
+                      constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> List[List[Candidate]]:
+        """Every source id array's candidates (one per EOS penalty of ``opts.betas``), best first, in input
+        order; ``constraints``: each input's constraints as target ids (pad: a template gap)."""
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
         too_long = lengths > self.max_source_positions
         for i in np.flatnonzero(too_long).tolist():
@@ -265,7 +289,7 @@ class Translator:
         too_long |= unfit
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
-        results: List[Tuple[np.ndarray, float, int]] = [(np.zeros(0, np.int64), 0.0, 0)] * len(ids)
+        results: List[List[Candidate]] = [[Candidate(np.zeros(0, np.int64), 0.0, 0)] * len(opts.betas)] * len(ids)
         for b in range(0, len(ids), size):
             batch = [int(i) for i in order[b:b + size] if not too_long[i]]
             if batch:
@@ -282,8 +306,9 @@ class Translator:
         return L.Start.blank(L.NUMPY, B, np.zeros(0, np.int64), self.pad)
 
     def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig, max_len: np.ndarray,
-                      constraints: Optional[List[List[np.ndarray]]] = None) -> List[Tuple[np.ndarray, float, int]]:
-        """Decode one batch of source ids, each within its length limit ``max_len`` (B,)."""
+                      constraints: Optional[List[List[np.ndarray]]] = None) -> List[List[Candidate]]:
+        """Decode one batch of source ids, each within its length limit ``max_len`` (B,): each sentence's
+        candidates, best first."""
         B = len(ids)
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
@@ -291,22 +316,51 @@ class Translator:
         source = Source({**dict(zip(self._source_names, self._encoder.run(None, {"src_tokens": src}))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
         start = self._start(constraints, B)
+        betas, n = opts.betas, len(opts.betas)  # candidates per sentence: row c of sentence b is b n + c
+        if n > 1:
+            order = np.repeat(np.arange(B), n)  # (B n,)
+            source, start, max_len = source.take(order), start.take(order), max_len[order]
         bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
         K = start.tokens.shape[1]
         edges = K > 0 and self.word_scheme != "none"  # the constraints kept whole words
-        state = Canvases(rows=np.arange(B), tokens=start.tokens, scores=np.zeros((B, K), np.float32),
+        R = B * n
+        state = Canvases(rows=np.arange(R), tokens=start.tokens, scores=np.zeros((R, K), np.float32),
                          closed_before=start.closed_before if bounds.close_ended or K > 0 else None,
-                         closed_end=start.closed_end, lengths=start.lengths.copy(), iterations=np.zeros(B, np.int64),
-                         final_eos=np.zeros(B, np.float32), max_len=max_len,
+                         closed_end=start.closed_end, lengths=start.lengths.copy(), iterations=np.zeros(R, np.int64),
+                         final_eos=np.zeros(R, np.float32), max_len=max_len,
+                         eos_penalty=np.tile(np.asarray(betas, np.float32), B) if n > 1 else None,
                          given=np.arange(K)[None, :] < start.lengths[:, None] if edges else None)
         out, passes = L.run(Passes(self, opts), state, source, bounds)
+        real = np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]  # (B n, W)
+        log_prob = np.where(real, out.scores, 0).sum(1, dtype=np.float32) + out.final_eos  # (B n,)
+        teacher = self._score(src, out.tokens, out.lengths, n) if n > 1 and self._scorer is not None else None
+        score = L.candidate_scores(log_prob, out.lengths.astype(np.float32), np.float32(opts.lenpen), teacher,
+                                   np.float32(opts.rerank_weight))  # (B n,)
+        order = (L.best_first(L.NUMPY, score, n) + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
+        best = order[::n]  # (B,)
         for key, value in (("sentences", B), ("batches", 1), ("passes", passes),
-                           ("iterations", int(out.iterations.sum())), ("tokens", int(out.lengths.sum()))):
+                           ("iterations", int(out.iterations[best].sum())), ("tokens", int(out.lengths[best].sum()))):
             self.stats[key] += value
-        real = np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]
-        log_prob = np.where(real, out.scores, 0).sum(1, dtype=np.float32) + out.final_eos  # (B,)
-        score = log_prob / (out.lengths + 1).astype(np.float32) ** np.float32(opts.lenpen)
-        return [(out.tokens[b, :out.lengths[b]], float(score[b]), int(out.iterations[b])) for b in range(B)]
+        found = [Candidate(out.tokens[r, :out.lengths[r]], float(score[r]), int(out.iterations[r]))
+                 for r in order.tolist()]
+        return [found[b * n:(b + 1) * n] for b in range(B)]
+
+    def _score(self, src: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+        """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
+        and the end), each source of ``src`` (B, S) encoded once."""
+        W = int(lengths.max()) + 1
+        target = np.full((len(lengths), W), self.pad, np.int64)  # (B n, W) the tokens, then the end
+        width = min(W, tokens.shape[1])
+        target[:, :width] = tokens[:, :width]
+        columns = np.arange(W)[None, :]
+        target[columns > lengths[:, None]] = self.pad
+        target[columns == lengths[:, None]] = self.eos
+        prev = np.roll(target, 1, axis=1)  # (B n, W) end-of-sentence first, as fairseq's decoder input
+        prev[:, 0] = self.eos
+        prev[target == self.pad] = self.pad
+        (log_probs,) = self._scorer.run(None, {"src_tokens": src, "rows": np.repeat(np.arange(len(src)), n),
+                                                "target": target, "prev_tokens": prev})
+        return log_probs
 
     def _predict(self, state: Canvases, source: Source, opts: DecodingConfig) -> SlotScores:
         """One pass: the best token and its log p(c | l) for every open slot."""
@@ -332,7 +386,8 @@ class Translator:
             word_edges, no_end = self._constant(n, 0, np.int64), self._constant(n, False, bool)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
             "framed": framed, **source.inputs, "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": self._constant(len(open_slots), opts.eos_penalty, np.float32)[:, None],
+            "eos_penalty": (self._constant(len(open_slots), opts.eos_penalty, np.float32) if state.eos_penalty is None
+                            else state.eos_penalty[open_slots // S])[:, None],
             "word_edges": word_edges, "no_end": no_end[:, None]})
         tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
@@ -347,9 +402,9 @@ class Translator:
             have.flags.writeable = False
         return have[:n]
 
-    def _result(self, ids: np.ndarray, score: float, iterations: int) -> TranslationResult:
-        return TranslationResult(hypotheses=[[self.target_symbols[i] for i in ids.tolist()]], scores=[score],
-                                 iterations=[iterations])
+    def _result(self, candidates: Sequence[Candidate]) -> TranslationResult:
+        return TranslationResult(hypotheses=[[self.target_symbols[i] for i in c.ids.tolist()] for c in candidates],
+                                 scores=[c.score for c in candidates], iterations=[c.iterations for c in candidates])
 
 
 def _count(value: Any, name: str, minimum: int) -> int:

@@ -135,8 +135,8 @@ def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[st
     if constraints:
         targeted = translator.encode_constraints([given[n] for n in ids], len(ids), [f"{name} line {n}" for n in ids])
     results = translator.translate_ids(list(ids.values()), len(ids), opts, targeted)
-    targets = {number: text.decode([translator.target_symbols[t] for t in target.tolist()])
-               for number, (target, _, _) in zip(ids, results)}
+    targets = {number: text.decode([translator.target_symbols[t] for t in candidates[0].ids.tolist()])
+               for number, candidates in zip(ids, results)}
     return [targets.get(number, "") for number in range(first, first + len(lines))]
 
 

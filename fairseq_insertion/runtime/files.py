@@ -22,15 +22,19 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from ..preprocess import PreprocessError, Preprocessing
 
-FORMAT_VERSION = 2  # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values
+# 2: the pass takes the word-edge rule (constraints) and each layer's keys and values; 3: candidates' options
+# (eos_penalties, rerank_weight) and an optional scorer graph
+FORMAT_VERSION = 3
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
+SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates (export --rerank-with), optional
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
-JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+              tuple: "a list of numbers"}
 
 
 def source_names(layers: int) -> Tuple[str, ...]:
@@ -42,6 +46,8 @@ def graph_io(name: str, layers: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them."""
     if name == ENCODER:
         return ("src_tokens",), source_names(layers)
+    if name == SCORER:
+        return ("src_tokens", "rows", "target", "prev_tokens"), ("log_probs",)
     return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
              "no_end"), ("tokens", "log_probs", "eos_log_probs", "location"))
 
@@ -140,6 +146,27 @@ def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optiona
     return record.under(model_dir)
 
 
+def check_scorer(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
+    """``scorer``: the scorer graph's file (none when the key is absent), there and not empty."""
+    name = settings.get("scorer")
+    if name is None:
+        return None
+    Where(model_dir / SETTINGS).expect(name == SCORER, "scorer", f"must be {SCORER!r}, got {name!r}")
+    if not (model_dir / name).is_file() or (model_dir / name).stat().st_size == 0:
+        raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records a scorer: "
+                              "export again)")
+    return model_dir / name
+
+
+def check_scorer_graph(path: Path, session: Any, target_size: int) -> None:
+    """The scorer's inputs and outputs are the export's and its vocabulary the target's."""
+    check_graph_io(path, session, 0)
+    recorded = session.get_modelmeta().custom_metadata_map.get("vocab_size")
+    if recorded is not None and recorded != str(target_size):
+        raise TranslatorError(f"{path}: a target vocabulary of {recorded} symbols, {path.parent / VOCABS['target']} "
+                              f"has {target_size}: the files come from different exports")
+
+
 def read_vocab(path: Path) -> List[str]:
     """One symbol per line, line i = id i; the file ends with a line end."""
     try:
@@ -226,6 +253,8 @@ def _json_type(value: Any, kind: type) -> bool:
     """A JSON value of a DecodingConfig field's type (an integer is a number; true is not an integer)."""
     if kind is float:
         return type(value) in (int, float)
+    if kind is tuple:
+        return type(value) is list and all(type(v) in (int, float) for v in value)
     return type(value) is kind
 
 
