@@ -23,10 +23,20 @@ from . import harness as H
 from . import report as T
 
 
-def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0.0) -> dict[str, H.System]:
+def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0.0,
+            candidates: dict | None = None) -> dict[str, H.System]:
     """The engines compared, by name: the teacher's greedy decode and the insertion model's (the same options
-    for the runtime and PyTorch: the recipes' repetition rules)."""
+    for the runtime and PyTorch: the recipes' repetition rules); with ``candidates`` (the runtime's options:
+    ``eos_penalties``, ``lenpen``, ``rerank_weight``), also the runtime's candidates ordered by the teacher
+    exported as its scorer, against the teacher's beam search (beam 5)."""
     S, rules = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}
+    chosen = {**rules, **(candidates or {}), "scorer": str(teacher) if teacher else None}
+    beam = [S("teacher_ctranslate2_fp32_beam5", teacher, "ctranslate2", {"precision": "fp32", "beam": 5}),
+            S("teacher_ctranslate2_int8_beam5", teacher, "ctranslate2", {"precision": "int8", "beam": 5}),
+            S("insertion_runtime_fp32_candidates", insertion, "runtime", {"decoding": "parallel", "precision": "fp32",
+                                                                           **chosen}),
+            S("insertion_runtime_int8_candidates", insertion, "runtime", {"decoding": "parallel", "precision": "int8",
+                                                                           **chosen})] if candidates else []
     found = [S("teacher_ctranslate2_fp32", teacher, "ctranslate2", {"precision": "fp32"}),
              S("teacher_ctranslate2_int8", teacher, "ctranslate2", {"precision": "int8"}),
              S("teacher_fairseq_fp32", teacher, "fairseq", {"beam": 1}),
@@ -35,7 +45,7 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
              S("insertion_pytorch_fp32", insertion, "fairseq", {"decoding": "parallel", **rules}),
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
-             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules})]
+             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules}), *beam]
     return {s.name: s for s in found}
 
 
@@ -57,7 +67,27 @@ SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "
          Pair("runtime / CTranslate2 seconds, int8", "insertion_runtime_int8", "teacher_ctranslate2_int8", 1.0),
          Pair("runtime / fairseq teacher seconds, fp32", "insertion_runtime_fp32", "teacher_fairseq_fp32", 1.0),
          Pair("PyTorch insertion / fairseq teacher seconds, fp32", "insertion_pytorch_fp32", "teacher_fairseq_fp32",
-              1.0)]
+              1.0),
+         Pair("runtime candidates / CTranslate2 beam 5 seconds, fp32", "insertion_runtime_fp32_candidates",
+              "teacher_ctranslate2_fp32_beam5", 1.0),
+         Pair("runtime candidates / CTranslate2 beam 5 seconds, int8", "insertion_runtime_int8_candidates",
+              "teacher_ctranslate2_int8_beam5", 1.0)]
+
+
+def candidates(args: argparse.Namespace) -> dict | None:
+    """The runtime's candidate options (``--candidates``), or None."""
+    if not args.candidates:
+        return None
+    return {"eos_penalties": tuple(args.candidates), "lenpen": args.rerank_lenpen, "rerank_weight": args.rerank_weight}
+
+
+def decoding(options: dict) -> str:
+    """How a row decodes: greedy, beam k, parallel, or parallel with its candidates ordered by the scorer."""
+    if options.get("beam", 1) > 1:
+        return f"beam {options['beam']}"
+    if options.get("eos_penalties"):
+        return f"parallel, {len(options['eos_penalties'])} candidates, teacher-ordered"
+    return options.get("decoding", "greedy")
 
 
 def row_name(key: str, threads: int, batch: int) -> str:
@@ -66,7 +96,8 @@ def row_name(key: str, threads: int, batch: int) -> str:
 
 def measure(args: argparse.Namespace, where: H.Where, inputs: H.Inputs, results: dict) -> dict[str, list[str]]:
     """Every engine at every thread count and batch: the rows of ``results``; the hypotheses by row."""
-    wanted = [s for k, s in systems(args.teacher, args.insertion, args.eos_penalty).items() if k in args.engines]
+    wanted = [s for k, s in systems(args.teacher, args.insertion, args.eos_penalty, candidates(args)).items()
+              if k in args.engines]
     try:
         import ctranslate2  # noqa: F401  a benchmark dependency only
     except ImportError:
@@ -84,7 +115,7 @@ def measure(args: argparse.Namespace, where: H.Where, inputs: H.Inputs, results:
                 results["rows"].append({
                     "name": name, "engine_key": key, "model": model, "threads": threads, "batch": batch,
                     "engine": "pytorch" if model == "insertion" and s.engine == "fairseq" else s.engine,
-                    "precision": s.options.get("precision", "fp32"), "decoding": s.options.get("decoding", "greedy"),
+                    "precision": s.options.get("precision", "fp32"), "decoding": decoding(s.options),
                     **H.scored(timed, inputs.references, args.lang),
                     **({"profile": H.profiled(engines[key], inputs, batch)} if args.profile else {})})
     if args.raw_source and "insertion_runtime_fp32" in engines:
@@ -202,8 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw-source", type=Path, help="the raw test sources (DATA/raw/test.src): a row of "
                    "translate_text on them against the data-bin path, with --bpe-codes")
     p.add_argument("--bpe-codes", type=Path, help="the data-bin's subword-nmt codes (KIT/bpe.codes; none: no BPE)")
-    names = list(systems(None, None))
-    p.add_argument("--engines", nargs="+", choices=names, default=names, help="default all")
+    p.add_argument("--candidates", type=float, nargs="*", default=[], metavar="BETA",
+                   help="the runtime's candidates: their EOS penalties, ordered by the teacher (exported as the "
+                   "scorer); rows against CTranslate2's beam 5")
+    p.add_argument("--rerank-lenpen", type=float, default=1.0, help="with --candidates: the length normalisation")
+    p.add_argument("--rerank-weight", type=float, default=0.0, help="with --candidates: lambda, the model's weight")
+    names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}))
+    p.add_argument("--engines", nargs="+", choices=names, default=[n for n in names if not n.endswith(("beam5",
+                   "candidates"))], help="default all but the candidates' and beam rows (name them, with "
+                   "--candidates)")
     return p
 
 
@@ -218,7 +256,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> tuple:
     results = {**T.record("benchmarks.engines", argv, names, modules=("ctranslate2", "onnxruntime", "numpy")),
                "thread_counts": args.threads, "batches": sorted(set(args.batches)), "rounds": args.rounds,
                "test_set": f"{args.ref.name} (test split of the data-bin)", "sentences": len(sources),
-               "eos_penalty": args.eos_penalty, "rows": [], "notes": []}
+               "eos_penalty": args.eos_penalty, "candidates": candidates(args), "rows": [], "notes": []}
     args.batches = results["batches"]
     hyps = measure(args, H.Where(args.data_bin, args.out), H.Inputs(sources, refs), results)
     compare(results, hyps)

@@ -143,15 +143,17 @@ class Fairseq(Engine):
 
 
 class Runtime(Engine):
-    """The insertion model exported (``precision``: fp32 or int8), run by the plugin's runtime."""
+    """The insertion model exported (``precision``: fp32 or int8), run by the plugin's runtime; ``scorer``: an
+    autoregressive checkpoint exported beside it that orders the ``eos_penalties`` candidates."""
 
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
-        self.options = {k: v for k, v in system.options.items() if k not in ("precision", "constraints")}
+        self.options = {k: v for k, v in system.options.items() if k not in ("precision", "constraints", "scorer")}
         self.options.update(max_len_a=where.max_len[0], max_len_b=where.max_len[1])
         self.dir, self.translator = where.work / "export" / system.name, None
+        scorer = system.options.get("scorer")
         export(system.checkpoint, where.data_bin, self.dir, int8=system.options.get("precision") == "int8",
-               config=DecodingConfig(**self.options))
+               config=DecodingConfig(**self.options), scorer=Path(scorer) if scorer else None)
 
     def load(self, threads: int) -> None:
         self.translator = None
@@ -166,7 +168,7 @@ class Runtime(Engine):
 
 
 class CTranslate2(Engine):
-    """The Transformer converted by CTranslate2 (``precision``: fp32 or int8), greedy."""
+    """The Transformer converted by CTranslate2 (``precision``: fp32 or int8), greedy (``beam``: beam search)."""
 
     def __init__(self, system: System, where: Where):
         from ctranslate2.converters import FairseqConverter  # a benchmark dependency only
@@ -185,8 +187,8 @@ class CTranslate2(Engine):
     def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None) -> list[Output]:
         a, b = self.where.max_len  # fairseq's limit: a x (the batch's source width + the end marker) + b
         limit = min(int(a * (max(map(len, batch)) + 1) + b), 1023)
-        results = self.translator.translate_batch(batch, beam_size=1, max_batch_size=len(batch),
-                                                  max_decoding_length=limit)
+        results = self.translator.translate_batch(batch, beam_size=self.system.options.get("beam", 1),
+                                                  max_batch_size=len(batch), max_decoding_length=limit)
         return self.count([Output(list(r.hypotheses[0])) for r in results])
 
 

@@ -189,3 +189,25 @@ def test_two_variants_take_turns_and_are_compared(kit, tmp_path):
     text = (out / "checkouts.json").read_text()  # the checkouts named by their variants, no machine path
     assert "| fp32 | 3 |" in (out / "checkouts.md").read_text() and "--variant plain=PLAIN" in text
     assert str(REPO) not in text and str(root) not in text
+
+
+def test_candidates_rows_against_the_teachers_beam(kit, tmp_path):
+    """--candidates: the runtime's candidates ordered by the teacher exported as its scorer, and the teacher's
+    beam 5 through CTranslate2, with the ratio of their seconds."""
+    engines = ["insertion_runtime_fp32_candidates", "insertion_runtime_int8_candidates"]
+    if ctranslate2_available():
+        engines += ["teacher_ctranslate2_fp32_beam5", "teacher_ctranslate2_int8_beam5"]
+    proc = benchmark(kit, tmp_path, "--threads", "1", "--batches", "1", "--rounds", "1", "--candidates", "1", "2", "3",
+                     "--rerank-lenpen", "2", "--engines", *engines)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "engines.json").read_text())
+    rows = {r["engine_key"]: r for r in res["rows"]}
+    assert set(rows) == set(engines)
+    assert rows["insertion_runtime_fp32_candidates"]["decoding"] == "parallel, 3 candidates, teacher-ordered"
+    assert all(r["mean_length"] > 0 and r["seconds"] > 0 for r in rows.values())
+    assert res["candidates"] == {"eos_penalties": [1.0, 2.0, 3.0], "lenpen": 2.0, "rerank_weight": 0.0}
+    assert (tmp_path / "export" / "insertion_runtime_fp32_candidates" / "scorer.onnx").is_file()
+    if ctranslate2_available():
+        assert rows["teacher_ctranslate2_fp32_beam5"]["decoding"] == "beam 5"
+        speed = [t for t in res["targets"] if t["metric"].startswith("runtime candidates / CTranslate2 beam 5")]
+        assert len(speed) == 2 and all(t["value"] > 0 for t in speed), speed
