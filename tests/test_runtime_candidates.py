@@ -154,3 +154,29 @@ def test_a_scorer_recorded_but_missing_or_of_other_dictionaries_is_refused(setup
     assert settings["scorer"] == "scorer.onnx" and "scorer.onnx" in settings["files"]
     with pytest.raises(ExportError, match=r"--rerank-with .*not a fairseq model checkpoint|--rerank-with"):
         load_scorer(root / "bin" / "dict.src.txt", task)
+
+
+def test_command_lines_export_the_scorer_and_translate_with_candidates(setup, tmp_path):
+    from tests.test_runtime import run_module
+
+    root, _, _, teacher, _ = setup
+    out = tmp_path / "cli"
+    proc = run_module("fairseq_insertion.export", "--path", root / "ckpt" / "checkpoint_last.pt", "--data",
+                      root / "bin", "--out", out, "--rerank-with", teacher, "--eos-penalties", "1,2,3", "--lenpen", "2")
+    assert proc.returncode == 0, proc.stderr
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["scorer"] == "scorer.onnx" and settings["decoding"]["eos_penalties"] == [1.0, 2.0, 3.0]
+    lines = ["w1 w2 w3", "w4 w5 w6 w7", "w8"]
+    proc = run_module("fairseq_insertion.runtime", "translate", out, "--eos-penalties", "2,4", stdin="\n".join(lines))
+    assert proc.returncode == 0, proc.stderr
+    translator = Translator(out, intra_threads=1)
+    assert translator.has_scorer
+    expected = [" ".join(r.hypotheses[0]) for r in translator.translate_batch([x.split() for x in lines],
+                                                                                 eos_penalties=(2.0, 4.0))]
+    assert proc.stdout.split("\n")[:-1] == expected
+    proc = run_module("fairseq_insertion.runtime", "translate", out, "--eos-penalties", "1,x", stdin="w1\n")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--eos-penalties" in proc.stderr
+    proc = run_module("fairseq_insertion.export", "--path", root / "ckpt" / "checkpoint_last.pt", "--data",
+                      root / "bin", "--out", tmp_path / "bad", "--rerank-with", root / "bin" / "dict.src.txt")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("python -m fairseq_insertion.export: error: --rerank-with")
