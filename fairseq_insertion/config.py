@@ -63,6 +63,9 @@ class DecodingConfig:
     eos_penalties: several betas: every sentence is decoded under each in one
     batch and its candidates are returned best first (by the model's score or
     ``rerank_with``'s); empty: only ``eos_penalty``.
+    first_insertions: K > 1: every sentence is also decoded from each of the K best
+    first insertions (the tokens of the empty canvas's one slot, end-of-slot excluded),
+    K x the EOS penalties candidates in one batch (unconstrained decoding only).
     max_len_a, max_len_b: a canvas never grows beyond ``max_len_a * source
     length + max_len_b`` tokens (nor the model's positions).
     max_iterations: a sentence stops after this many iterations (0: its length limit).
@@ -83,6 +86,7 @@ class DecodingConfig:
     decoding: str = _option("parallel", "--decoding", RUNTIME, INSERTION)
     eos_penalty: float = _option(0.0, "--eos-penalty", RUNTIME, INSERTION)
     eos_penalties: Tuple[float, ...] = _option((), "--eos-penalties", RUNTIME, INSERTION)
+    first_insertions: int = _option(1, "--first-insertions", RUNTIME, INSERTION)
     max_len_a: float = _option(2.0, "--max-len-a", RUNTIME)
     max_len_b: int = _option(10, "--max-len-b", RUNTIME)
     max_iterations: int = _option(0, "--max-iterations", RUNTIME, INSERTION)
@@ -107,6 +111,7 @@ class DecodingConfig:
         set_(self, "max_len_a", _number(self, "max_len_a", minimum=0.0))
         set_(self, "max_len_b", _integer(self, "max_len_b", minimum=0))
         set_(self, "max_iterations", _integer(self, "max_iterations", minimum=0))
+        set_(self, "first_insertions", _integer(self, "first_insertions", minimum=1))
         set_(self, "no_repeat_ngram_size", _integer(self, "no_repeat_ngram_size", minimum=0))
         set_(self, "lenpen", _number(self, "lenpen"))
         set_(self, "unkpen", _number(self, "unkpen"))
@@ -119,14 +124,20 @@ class DecodingConfig:
         if self.rerank_with is not None:
             if not str(self.rerank_with).strip():
                 raise DecodingError(f"{_name('rerank_with')} needs a checkpoint path, got {self.rerank_with!r}")
-            if len(self.eos_penalties) < 2:
+            if self.candidates < 2:
                 raise DecodingError(f"{_name('rerank_with')} {self.rerank_with} chooses among candidates: give "
-                                    f"several with {_name('eos_penalties')} (e.g. 0,1,2,3,4)")
+                                    f"several with {_name('eos_penalties')} (e.g. 0,1,2,3,4) or "
+                                    f"{_name('first_insertions')}")
 
     @property
     def betas(self) -> Tuple[float, ...]:
         """The EOS penalty of each candidate of a sentence (one when there are no candidates)."""
         return self.eos_penalties or (self.eos_penalty,)
+
+    @property
+    def candidates(self) -> int:
+        """How many candidates each sentence's decode makes: first insertions x EOS penalties."""
+        return self.first_insertions * len(self.betas)
 
     def replace(self, **changes: Any) -> "DecodingConfig":
         """A copy with ``changes`` (field names; an unknown one is an error naming it)."""
@@ -154,6 +165,7 @@ class DecodingConfig:
             decoding=str(get("decoding", d.decoding)),
             eos_penalty=get("eos_penalty", d.eos_penalty),
             eos_penalties=parse_betas(get("eos_penalties")),
+            first_insertions=get("first_insertions", d.first_insertions),
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             max_iterations=get("max_iterations", d.max_iterations),

@@ -66,16 +66,21 @@ class WordEdges(NamedTuple):
 
 # ---------------------------------------------------------------- the state of the loop
 def start_canvases(init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, retain_history: bool,
-                   word_edges: bool = False, close_ended: bool = False) -> Canvases:
+                   word_edges: bool = False, close_ended: bool = False,
+                   first_scores: Optional[Tensor] = None) -> Canvases:
     """The state before the first pass (:class:`fairseq_insertion.loop.Canvases`), from the initial canvas
     of every row; ``word_edges``: mark its tokens as given, for the word-edge rule. Slots can close only
-    with constraints on the canvas or ``close_ended``: otherwise the state carries no closed slots."""
+    with constraints on the canvas or ``close_ended``: otherwise the state carries no closed slots.
+    ``first_scores`` (B, 1): the initial tokens are first insertions (:func:`fairseq_insertion.loop.
+    first_insertions`) with these scores, inserted by one iteration."""
     B, K, device = init.tokens.size(0), init.tokens.size(1), init.tokens.device
     given = torch.arange(K, device=device).unsqueeze(0) < init.lengths.unsqueeze(1) if word_edges else None
-    closes = close_ended or K > 0
+    closes = close_ended or (K > 0 and first_scores is None)  # constraints on the canvas, or close_ended
     return Canvases(rows=torch.arange(B, device=device), tokens=init.tokens,
-                    scores=torch.zeros(init.tokens.shape, device=device),
+                    scores=torch.zeros(init.tokens.shape, device=device) if first_scores is None else first_scores,
                     closed_before=init.closed_before if closes else None, closed_end=init.closed_end,
-                    lengths=init.lengths.clone(), iterations=torch.zeros(B, dtype=torch.long, device=device),
+                    lengths=init.lengths.clone(),
+                    iterations=init.lengths.clone() if first_scores is not None else
+                    torch.zeros(B, dtype=torch.long, device=device),
                     final_eos=torch.zeros(B, device=device), max_len=max_len, eos_penalty=eos_penalty,
                     history=[[] for _ in range(B)] if retain_history else None, given=given)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
@@ -180,25 +180,36 @@ class InsertionGenerator:
             max_len = max_len.masked_fill(too_long, 0)
         termination = _termination(model)
         bounds = L.Bounds.build(TORCH, cfg, termination, self.eos, self.pad)
-        betas = cfg.betas
-        n = len(betas)  # candidates per sentence: row c of sentence b is b n + c
-        beta = torch.tensor(betas, device=device).repeat(B)  # (B n,)
+        betas, K = cfg.betas, cfg.first_insertions
+        n = K * len(betas)  # candidates per sentence: row (b K + j) n / K + c, L.candidate_rows
+        first_scores, passes = None, 0
+        if K > 1:
+            if constraints is not None:
+                raise ValueError(f"--first-insertions {K} (first_insertions=) branches from the empty canvas: it "
+                                 "applies to unconstrained decoding, not with constraints")
+            tokens, log_probs = self._first_tokens(model, cache, K, B, device)  # (B, K) each
+            start, first_scores = L.first_insertions(TORCH, tokens, log_probs, max_len > 0, self.pad)
+            init, passes = InitialCanvas(*start), 1
+        sentence, start_row = L.candidate_rows(TORCH, B, K, len(betas), like=src_lengths)  # (B n,) each
+        beta = torch.tensor(betas, device=device).repeat(B * K)  # (B n,)
         if n > 1:
-            order = torch.arange(B, device=device).repeat_interleave(n)  # (B n,)
-            cache = model.reorder_decoding_cache(cache, order)
-            init, max_len = init.take(order), max_len.index_select(0, order)
+            cache = model.reorder_decoding_cache(cache, sentence)
+            init, max_len = init.take(start_row), max_len.index_select(0, sentence)
+            first_scores = first_scores if first_scores is None else first_scores.index_select(0, start_row)
         if cfg.constraint_order == "unordered" and constraints is not None and init.tokens.size(1) > 0:
             first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, bounds,
                                  retain_history=False).canvases
             init = _reorder_constraints(init, first.tokens, first.lengths)
         edges = self.word_edges.to(device) if self.word_edges.active and init.tokens.size(1) > 0 else None
-        result = self._decode(model, cache, init, max_len, beta, bounds, cfg.retain_history, edges)
+        result = self._decode(model, cache, init, max_len, beta, bounds, cfg.retain_history, edges, first_scores)
         out = result.canvases
 
         rows = []
         for r in range(B * n):
             h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
-            h["eos_penalty"] = betas[r % n]
+            h["eos_penalty"] = betas[r % len(betas)]
+            if K > 1:
+                h["first_insertion"] = (r // len(betas)) % K
             if out.history is not None:
                 h["history"] = out.history[r]
             rows.append(h)
@@ -211,8 +222,21 @@ class InsertionGenerator:
         order = L.best_first(TORCH, torch.tensor([float(h[key]) for h in rows]), n).tolist()  # (B, n)
         hypos = [[rows[b * n + c] for c in order[b]] for b in range(B)]
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
-                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes)
+                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes + passes)
         return hypos
+
+    def _first_tokens(self, model, cache, k: int, B: int, device) -> Tuple[Tensor, Tensor]:
+        """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`):
+        the empty canvas's one slot, end-of-slot, bos and pad excluded (``unkpen`` applied), best first (B, k),
+        and their log p(c | l) (B, k)."""
+        framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
+        content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
+        lse = content.logsumexp(-1, keepdim=True)  # (B, 1)
+        content[:, [self.bos, self.pad, self.eos]] = float("-inf")
+        if self.config.unkpen:
+            content[:, self.tgt_dict.unk()] -= self.config.unkpen
+        best, tokens = content.topk(k, -1)  # (B, k) each; ties: the lower id first
+        return tokens, best - lse
 
     def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:
         """The empty canvas of every line, or the one holding its constraints."""
@@ -225,11 +249,13 @@ class InsertionGenerator:
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
     def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, bounds: L.Bounds,
-                retain_history: bool, edges: Optional[WordEdges] = None) -> DecodeResult:
+                retain_history: bool, edges: Optional[WordEdges] = None,
+                first_scores: Optional[Tensor] = None) -> DecodeResult:
         """The insertion loop (:func:`fairseq_insertion.loop.run`) from ``init``. ``edges``: keep the
         initial tokens (the constraints) whole words. Returns the final canvases of all B rows (in
         batch order) and the number of forward passes."""
-        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, bounds.close_ended)
+        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, bounds.close_ended,
+                               first_scores)
         out, passes = L.run(ModelBackend(self, model, edges), state, cache, bounds,
                             self._record if retain_history else None)
         return DecodeResult(canvases=out, passes=passes)

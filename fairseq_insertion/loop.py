@@ -685,3 +685,25 @@ def best_first(xp: Ops, scores: Array, n: int) -> Array:
     """(B, n) each sentence's ``n`` candidates (rows b n ... b n + n - 1 of ``scores`` (B n,)), the best first;
     ties keep the row order (the lower EOS penalty's index first)."""
     return xp.argsort(scores.reshape(-1, n), descending=True)
+
+
+def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
+    """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
+    insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,
+    bos and pad excluded, best first), its slots open, scored ``log_probs`` (B, K) (log p(c | l); the
+    one slot's log p(l) is 0); a sentence without ``room`` (B,) for a token (its length limit is 0)
+    starts empty. Returns the starts of the B K rows and their tokens' scores (B K, 1)."""
+    placed = (room[:, None] & (tokens == tokens)).reshape(-1)  # (B K,)
+    start = xp.where(placed[:, None], tokens.reshape(-1, 1), pad)  # (B K, 1)
+    scores = xp.where(placed[:, None], log_probs.reshape(-1, 1), 0.0)  # (B K, 1)
+    shut = start != start  # (B K, 1) no slot closed
+    return Start(tokens=start, lengths=xp.long(placed), closed_before=shut, closed_end=placed & False,
+                 segment=xp.long(shut)), scores
+
+
+def candidate_rows(xp: Ops, batch: int, branches: int, betas: int, like: Array) -> Tuple[Array, Array]:
+    """The rows of a decode with candidates: row (b K + j) n + c is sentence b's j-th first insertion (of K
+    ``branches``) under its c-th EOS penalty (of n ``betas``). Returns each row's sentence (B K n,) and its
+    start row (B K n,) (sentence b's, or its j-th first insertion's row b K + j)."""
+    rows = xp.arange(batch * branches * betas, like=like)  # (B K n,)
+    return rows // (branches * betas), rows // betas

@@ -80,6 +80,12 @@ class InsertionTranslationConfig(TranslationConfig):
                   "and output its candidates best first (--nbest k prints k), by the model's "
                   "length-normalised score or --rerank-with's; replaces --eos-penalty"},
     )
+    first_insertions: int = field(
+        default=DEFAULTS.first_insertions,
+        metadata={"help": "K > 1: also decode every sentence from each of its K best first insertions (the empty "
+                  "canvas's best tokens, end excluded): K x the --eos-penalties candidates, in one batch, chosen "
+                  "among as --eos-penalties' (unconstrained decoding only)"},
+    )
     rerank_with: Optional[str] = field(
         default=None,
         metadata={"help": "a fairseq transformer checkpoint trained on the same dictionaries (e.g. the "

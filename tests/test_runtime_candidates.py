@@ -24,6 +24,7 @@ from tests.test_warm_start import train_teacher
 from tests.utils import reverse_data, run, train_args
 
 BETAS = (1.0, 2.0, 3.0, 4.0)
+BRANCHES = {"one": {}, "three": {"first_insertions": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,10 @@ def runtime_candidates(translator: Translator, task, config: DecodingConfig, bat
 @pytest.mark.parametrize("batch", [1, 5])
 @pytest.mark.parametrize("which", ["plain", "scorer"])
 @pytest.mark.parametrize("weight,lenpen", [(0.0, 1.0), (0.5, 2.0)])
-def test_runtime_candidates_are_the_generators_in_its_order(setup, which, batch, weight, lenpen):
+@pytest.mark.parametrize("branches", sorted(BRANCHES))
+def test_runtime_candidates_are_the_generators_in_its_order(setup, which, batch, weight, lenpen, branches):
     _, model, task, teacher, exports = setup
-    config = DecodingConfig(eos_penalties=BETAS, rerank_weight=weight, lenpen=lenpen)
+    config = DecodingConfig(eos_penalties=BETAS, rerank_weight=weight, lenpen=lenpen, **BRANCHES[branches])
     expected = generator_candidates(model, task, config, teacher if which == "scorer" else None, batch)
     got = runtime_candidates(Translator(exports[which], intra_threads=1), task, config, batch)
     assert [[ids for ids, _ in cands] for cands in got] == [[ids for ids, _ in cands] for cands in expected]
@@ -180,3 +182,26 @@ def test_command_lines_export_the_scorer_and_translate_with_candidates(setup, tm
                       root / "bin", "--out", tmp_path / "bad", "--rerank-with", root / "bin" / "dict.src.txt")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("python -m fairseq_insertion.export: error: --rerank-with")
+
+
+def test_first_insertions_branch_from_the_best_first_tokens(setup):
+    """K first insertions: the branch of the best first token is the plain decode (same tokens, score and
+    iterations, wherever that decode's first pass inserted a token), the others start from the next best
+    tokens, so the candidates are more diverse; with constraints they are refused, naming the option."""
+    _, model, task, _, exports = setup
+    plain = generator_candidates(model, task, DecodingConfig(eos_penalties=BETAS), None, 5)
+    branched = generator_candidates(model, task, DecodingConfig(eos_penalties=BETAS, first_insertions=3), None, 5)
+    assert all(len(b) == 3 * len(BETAS) for b in branched)
+    for p, b in zip(plain, branched):
+        for ids, score in p:
+            if ids:
+                assert any(ids == i and abs(score - s) < 1e-4 for i, s in b), (ids, b)
+    assert sum(len({tuple(i) for i, _ in b}) for b in branched) > sum(len({tuple(i) for i, _ in p}) for p in plain)
+    translator = Translator(exports["plain"], intra_threads=1)
+    with pytest.raises(TranslatorError, match="first_insertions: 3 branches from the empty canvas"):
+        translator.translate_batch([["w1"]], constraints=[[["w2"]]], first_insertions=3)
+    with pytest.raises(ValueError, match=r"--first-insertions 3 \(first_insertions=\) branches"):
+        ds = task.dataset("test")
+        sample = ds.collater([ds[0]])
+        InsertionGenerator(task.target_dictionary, first_insertions=3).generate(
+            [model], sample, constraints=torch.tensor([[1, 5, 2]]))

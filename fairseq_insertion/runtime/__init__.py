@@ -189,9 +189,12 @@ class Translator:
         max_batch_size = _count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
         k = _count(num_hypotheses, "num_hypotheses", 1)
-        if k > len(opts.betas):
-            raise TranslatorError(f"num_hypotheses: {k}, but the decode makes {len(opts.betas)} candidate(s) a "
-                                  "sentence (one per eos_penalties value)")
+        if k > opts.candidates:
+            raise TranslatorError(f"num_hypotheses: {k}, but the decode makes {opts.candidates} candidate(s) a "
+                                  "sentence (first_insertions x eos_penalties values)")
+        if constraints is not None and opts.first_insertions > 1:
+            raise TranslatorError(f"first_insertions: {opts.first_insertions} branches from the empty canvas: it "
+                                  "applies to unconstrained decoding, not with constraints=")
         given = None if constraints is None else self.encode_constraints(constraints, len(source))
         ids = [self.encode(tokens) for tokens in source]
         return [self._result(candidates[:k]) for candidates in self.translate_ids(ids, max_batch_size, opts, given)]
@@ -269,8 +272,9 @@ class Translator:
 
     def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
                       constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> List[List[Candidate]]:
-        """Every source id array's candidates (one per EOS penalty of ``opts.betas``), best first, in input
-        order; ``constraints``: each input's constraints as target ids (pad: a template gap)."""
+        """Every source id array's candidates (``opts.candidates``: per first insertion, one per EOS penalty),
+        best first, in input order; ``constraints``: each input's constraints as target ids (pad: a template
+        gap)."""
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
         too_long = lengths > self.max_source_positions
         for i in np.flatnonzero(too_long).tolist():
@@ -289,7 +293,7 @@ class Translator:
         too_long |= unfit
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
-        results: List[List[Candidate]] = [[Candidate(np.zeros(0, np.int64), 0.0, 0)] * len(opts.betas)] * len(ids)
+        results: List[List[Candidate]] = [[Candidate(np.zeros(0, np.int64), 0.0, 0)] * opts.candidates] * len(ids)
         for b in range(0, len(ids), size):
             batch = [int(i) for i in order[b:b + size] if not too_long[i]]
             if batch:
@@ -316,21 +320,32 @@ class Translator:
         source = Source({**dict(zip(self._source_names, self._encoder.run(None, {"src_tokens": src}))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
         start = self._start(constraints, B)
-        betas, n = opts.betas, len(opts.betas)  # candidates per sentence: row c of sentence b is b n + c
+        betas, branches = opts.betas, opts.first_insertions
+        n = opts.candidates  # candidates per sentence: L.candidate_rows
+        first_scores, first_passes = None, 0
+        if branches > 1:
+            tokens, log_probs = self._first_tokens(source, B, branches)  # (B, K) each
+            start, first_scores = L.first_insertions(L.NUMPY, tokens, log_probs, max_len > 0, self.pad)
+            first_passes = branches
         if n > 1:
-            order = np.repeat(np.arange(B), n)  # (B n,)
-            source, start, max_len = source.take(order), start.take(order), max_len[order]
+            sentence, start_row = L.candidate_rows(L.NUMPY, B, branches, len(betas), like=src_len)  # (B n,) each
+            source, start, max_len = source.take(sentence), start.take(start_row), max_len[sentence]
+            first_scores = first_scores if first_scores is None else first_scores[start_row]
         bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
         K = start.tokens.shape[1]
-        edges = K > 0 and self.word_scheme != "none"  # the constraints kept whole words
+        given = K > 0 and first_scores is None  # constraints on the initial canvases
+        edges = given and self.word_scheme != "none"  # the constraints kept whole words
         R = B * n
-        state = Canvases(rows=np.arange(R), tokens=start.tokens, scores=np.zeros((R, K), np.float32),
-                         closed_before=start.closed_before if bounds.close_ended or K > 0 else None,
-                         closed_end=start.closed_end, lengths=start.lengths.copy(), iterations=np.zeros(R, np.int64),
+        state = Canvases(rows=np.arange(R), tokens=start.tokens,
+                         scores=np.zeros((R, K), np.float32) if first_scores is None else first_scores,
+                         closed_before=start.closed_before if bounds.close_ended or given else None,
+                         closed_end=start.closed_end, lengths=start.lengths.copy(),
+                         iterations=start.lengths.copy() if first_scores is not None else np.zeros(R, np.int64),
                          final_eos=np.zeros(R, np.float32), max_len=max_len,
-                         eos_penalty=np.tile(np.asarray(betas, np.float32), B) if n > 1 else None,
+                         eos_penalty=np.tile(np.asarray(betas, np.float32), B * branches) if n > 1 else None,
                          given=np.arange(K)[None, :] < start.lengths[:, None] if edges else None)
         out, passes = L.run(Passes(self, opts), state, source, bounds)
+        passes += first_passes
         real = np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]  # (B n, W)
         log_prob = np.where(real, out.scores, 0).sum(1, dtype=np.float32) + out.final_eos  # (B n,)
         teacher = self._score(src, out.tokens, out.lengths, n) if n > 1 and self._scorer is not None else None
@@ -344,6 +359,23 @@ class Translator:
         found = [Candidate(out.tokens[r, :out.lengths[r]], float(score[r]), int(out.iterations[r]))
                  for r in order.tolist()]
         return [found[b * n:(b + 1) * n] for b in range(B)]
+
+    def _first_tokens(self, source: Source, B: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
+        best first (B, k), and their log p(c | l) (B, k): k passes over the empty canvases, each barring the
+        tokens found before it and end-of-slot."""
+        framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
+        blocked = np.full((B, 1), self.pad, np.int64)  # (B, j) pad: nothing
+        found, scores = [], []
+        for _ in range(k):
+            tokens, log_probs, _, _ = self._pass.run(None, {
+                "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64), "blocked": blocked,
+                "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
+                "word_edges": self._constant(B, 0, np.int64), "no_end": self._constant(B, True, bool)[:, None]})
+            found.append(tokens)
+            scores.append(log_probs)
+            blocked = np.concatenate([blocked, tokens], axis=1)
+        return np.concatenate(found, axis=1), np.concatenate(scores, axis=1)
 
     def _score(self, src: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
         """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
