@@ -11,8 +11,9 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   source mask (int32, 1 at real tokens), the open slots (N flat indices into the A x (T+1) slots),
   the tokens each open slot may not receive (N, M), each open slot's EOS penalty (N, 1) and the
   word-edge rule at constraints (``word_edges`` (N,): which subword pieces it may not receive;
-  ``no_end`` (N, 1): whether it may not end; :func:`~fairseq_insertion.loop.word_edge_bans`) -> each
-  open slot's best token, its log p(c | l) and its end-of-slot log-probability (N, 1), and log p(l)
+  ``no_end`` (N, 1): whether it may not end; :func:`~fairseq_insertion.loop.word_edge_bans`) and ``k`` (1,)
+  -> each open slot's k best tokens and their log p(c | l) (N, k; k is 1 but for the first insertions),
+  its end-of-slot log-probability (N, 1), and log p(l)
   of every slot (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
@@ -316,13 +317,14 @@ def excluded(V: int, specials: Sequence[int], joins_next: np.ndarray, joins_prev
 
 
 def step_rule(g: Graph, content: str, table: np.ndarray, classes: str, blocked: str, eos_penalty: str, no_end: str,
-              eos: int) -> None:
+              eos: int, k: str) -> None:
     """The pass's step rule on its raw scores ``content`` (N, V) of the open slots, as the PyTorch generator's
     over the whole table (``tests/test_export_step.py``): outputs ``tokens`` (N, 1), the best token once
     those of ``table``'s row ``classes`` (N,) (:func:`excluded`) and the ``blocked`` (N, M) ones are
     excluded and end-of-slot is penalised by ``eos_penalty`` (N, 1) (and excluded where ``no_end`` (N, 1),
     unless no other token is left: then it ends the slot); ``log_probs`` (N, 1) its log p(c | l), the
-    penalty included when end-of-slot wins; ``eos_log_probs`` (N, 1) log p(eos | l). Ties: the lowest id."""
+    penalty included when end-of-slot wins; ``eos_log_probs`` (N, 1) log p(eos | l). Ties: the lowest id.
+    ``k`` (1,): the k best instead, (N, k) (the first insertions: end-of-slot excluded by ``no_end``)."""
     top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
     lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
                top)  # (N, 1) log-normaliser
@@ -331,8 +333,8 @@ def step_rule(g: Graph, content: str, table: np.ndarray, classes: str, blocked: 
     allowed = g.op("Add", content, g.op("Gather", g.const(table, "excluded"), classes, axis=0))  # (N, V)
     fill = g.op("ConstantOfShape", g.op("Shape", blocked), value=numpy_helper.from_array(
         np.asarray([float("-inf")], dtype=np.float32)))  # (N, M)
-    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), g.ints(1), axis=1,
-                           outputs=2)  # (N, 1) the best token other than end-of-slot; ties: the lower id
+    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
+                           outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
     eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
     eos_allowed = g.op("Where", no_end, g.scalar(float("-inf")), eos_penalised)
     eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
@@ -374,7 +376,7 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     step_rule(g, content, excluded(V, (bos, pad, eos), joins_next, joins_prev), "word_edges", "blocked", "eos_penalty",
-              "no_end", eos)
+              "no_end", eos, "k")
     heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
@@ -384,8 +386,9 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
          _io("blocked", TensorProto.INT64, ["open", "blocked"]),
          _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
          _io("word_edges", TensorProto.INT64, ["open"]),
-         _io("no_end", TensorProto.BOOL, ["open", 1])],
-        [_io("tokens", TensorProto.INT64, ["open", 1]), _io("log_probs", TensorProto.FLOAT, ["open", 1]),
+         _io("no_end", TensorProto.BOOL, ["open", 1]),
+         _io("k", TensorProto.INT64, [1])],
+        [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
         vocab_size=V)
 

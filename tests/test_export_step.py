@@ -21,13 +21,13 @@ BOS, PAD, EOS = 0, 1, 2
 def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
     g = Graph("step")
     step_rule(g, "content", excluded(V, (BOS, PAD, EOS), joins_next, joins_prev), "word_edges", "blocked",
-              "eos_penalty", "no_end", EOS)
+              "eos_penalty", "no_end", EOS, "k")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", V]), _io("blocked", TensorProto.INT64, ["open", "m"]),
                      _io("eos_penalty", TensorProto.FLOAT, ["open", 1]), _io("word_edges", TensorProto.INT64, ["open"]),
-                     _io("no_end", TensorProto.BOOL, ["open", 1])],
-                    [_io(name, dtype, ["open", 1]) for name, dtype in (("tokens", TensorProto.INT64),
-                                                                        ("log_probs", TensorProto.FLOAT),
-                                                                        ("eos_log_probs", TensorProto.FLOAT))],
+                     _io("no_end", TensorProto.BOOL, ["open", 1]), _io("k", TensorProto.INT64, [1])],
+                    [_io(name, dtype, ["open", k]) for name, dtype, k in (("tokens", TensorProto.INT64, "k"),
+                                                                           ("log_probs", TensorProto.FLOAT, "k"),
+                                                                           ("eos_log_probs", TensorProto.FLOAT, 1))],
                     vocab_size=V)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -67,7 +67,7 @@ def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
         no_next, no_prev, no_end = (gen.random((3, N)) < (0.5 if edges else 0.0))
         tokens, log_probs, eos_log_probs = session.run(None, {
             "content": content, "blocked": blocked, "eos_penalty": penalty[:, None],
-            "word_edges": no_next.astype(np.int64) + 2 * no_prev, "no_end": no_end[:, None]})
+            "word_edges": no_next.astype(np.int64) + 2 * no_prev, "no_end": no_end[:, None], "k": np.ones(1, np.int64)})
         want_tok, want_lp, want_eos = full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next,
                                                  joins_prev)
         assert tokens[:, 0].tolist() == want_tok.tolist()
@@ -77,3 +77,25 @@ def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
         stuck += int((no_end & (want_tok == EOS)).sum())
     assert EOS in chosen and len(chosen) > 2  # both end-of-slot and tokens were chosen
     assert stuck > 0 if edges and V == 5 else True  # a slot with nothing left ends
+
+
+def test_k_best_tokens_with_the_end_barred_are_the_tables_top_k():
+    """The first insertions' pass (k > 1, end-of-slot barred by no_end): the k best tokens of the whole table
+    once the specials and the blocked ones are excluded, best first, and their log p(c | l)."""
+    V, k = 12, 4
+    gen = np.random.default_rng(1)
+    session = step_session(V, np.zeros(V, bool), np.zeros(V, bool))
+    for _ in range(20):
+        N = int(gen.integers(1, 6))
+        content = gen.normal(size=(N, V)).astype(np.float32)
+        content[:, EOS] += 3.0  # end-of-slot would win: it is barred
+        blocked = np.full((N, 1), PAD)
+        tokens, log_probs, _ = session.run(None, {
+            "content": content, "blocked": blocked, "eos_penalty": np.zeros((N, 1), np.float32),
+            "word_edges": np.zeros(N, np.int64), "no_end": np.ones((N, 1), bool), "k": np.asarray([k])})
+        c = torch.from_numpy(content)
+        lse = c.logsumexp(-1, keepdim=True)
+        c[:, [BOS, PAD, EOS]] = float("-inf")
+        want, want_ids = c.topk(k, -1)
+        assert tokens.shape == (N, k) and tokens.tolist() == want_ids.tolist()
+        np.testing.assert_allclose(log_probs, (want - lse).numpy(), rtol=1e-5, atol=1e-5)

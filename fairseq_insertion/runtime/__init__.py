@@ -54,6 +54,8 @@ from . import files as F
 from .files import TranslatorError
 
 logger = logging.getLogger(__name__)
+_ONE = np.ones(1, np.int64)  # the pass's k: its best token per open slot
+_ONE.flags.writeable = False
 
 __all__ = ["RUNTIME_OPTIONS", "Preprocessing", "TranslatorError", "TranslationResult", "Translator"]
 
@@ -326,7 +328,7 @@ class Translator:
         if branches > 1:
             tokens, log_probs = self._first_tokens(source, B, branches)  # (B, K) each
             start, first_scores = L.first_insertions(L.NUMPY, tokens, log_probs, max_len > 0, self.pad)
-            first_passes = branches
+            first_passes = 1
         if n > 1:
             sentence, start_row = L.candidate_rows(L.NUMPY, B, branches, len(betas), like=src_len)  # (B n,) each
             source, start, max_len = source.take(sentence), start.take(start_row), max_len[sentence]
@@ -362,20 +364,15 @@ class Translator:
 
     def _first_tokens(self, source: Source, B: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
-        best first (B, k), and their log p(c | l) (B, k): k passes over the empty canvases, each barring the
-        tokens found before it and end-of-slot."""
+        best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot barred,
+        its k best tokens."""
         framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
-        blocked = np.full((B, 1), self.pad, np.int64)  # (B, j) pad: nothing
-        found, scores = [], []
-        for _ in range(k):
-            tokens, log_probs, _, _ = self._pass.run(None, {
-                "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64), "blocked": blocked,
-                "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
-                "word_edges": self._constant(B, 0, np.int64), "no_end": self._constant(B, True, bool)[:, None]})
-            found.append(tokens)
-            scores.append(log_probs)
-            blocked = np.concatenate([blocked, tokens], axis=1)
-        return np.concatenate(found, axis=1), np.concatenate(scores, axis=1)
+        tokens, log_probs, _, _ = self._pass.run(None, {
+            "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64),
+            "blocked": np.full((B, 1), self.pad, np.int64), "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
+            "word_edges": self._constant(B, 0, np.int64), "no_end": self._constant(B, True, bool)[:, None],
+            "k": np.asarray([k], np.int64)})
+        return tokens, log_probs
 
     def _score(self, src: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
         """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
@@ -420,7 +417,7 @@ class Translator:
             "framed": framed, **source.inputs, "open_slots": open_slots.astype(np.int64), "blocked": blocked,
             "eos_penalty": (self._constant(len(open_slots), opts.eos_penalty, np.float32) if state.eos_penalty is None
                             else state.eos_penalty[open_slots // S])[:, None],
-            "word_edges": word_edges, "no_end": no_end[:, None]})
+            "word_edges": word_edges, "no_end": no_end[:, None], "k": _ONE})
         tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 

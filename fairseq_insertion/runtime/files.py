@@ -49,7 +49,7 @@ def graph_io(name: str, layers: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     if name == SCORER:
         return ("src_tokens", "rows", "target", "prev_tokens"), ("log_probs",)
     return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
-             "no_end"), ("tokens", "log_probs", "eos_log_probs", "location"))
+             "no_end", "k"), ("tokens", "log_probs", "eos_log_probs", "location"))
 
 
 class TranslatorError(ValueError):
