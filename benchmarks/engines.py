@@ -78,7 +78,8 @@ def candidates(args: argparse.Namespace) -> dict | None:
     """The runtime's candidate options (``--candidates``), or None."""
     if not args.candidates:
         return None
-    return {"eos_penalties": tuple(args.candidates), "lenpen": args.rerank_lenpen, "rerank_weight": args.rerank_weight}
+    return {"eos_penalties": tuple(args.candidates), "first_insertions": args.first_insertions,
+            "lenpen": args.rerank_lenpen, "rerank_weight": args.rerank_weight}
 
 
 def decoding(options: dict) -> str:
@@ -86,7 +87,9 @@ def decoding(options: dict) -> str:
     if options.get("beam", 1) > 1:
         return f"beam {options['beam']}"
     if options.get("eos_penalties"):
-        return f"parallel, {len(options['eos_penalties'])} candidates, teacher-ordered"
+        k = options.get("first_insertions", 1)
+        return (f"parallel, {k * len(options['eos_penalties'])} candidates"
+                f"{f' ({k} first insertions)' if k > 1 else ''}, teacher-ordered")
     return options.get("decoding", "greedy")
 
 
@@ -236,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidates", type=float, nargs="*", default=[], metavar="BETA",
                    help="the runtime's candidates: their EOS penalties, ordered by the teacher (exported as the "
                    "scorer); rows against CTranslate2's beam 5")
+    p.add_argument("--first-insertions", type=int, default=1, help="with --candidates: decode each from its K "
+                   "best first insertions too (K x the candidates)")
     p.add_argument("--rerank-lenpen", type=float, default=1.0, help="with --candidates: the length normalisation")
     p.add_argument("--rerank-weight", type=float, default=0.0, help="with --candidates: lambda, the model's weight")
     names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}))

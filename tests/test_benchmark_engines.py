@@ -198,14 +198,16 @@ def test_candidates_rows_against_the_teachers_beam(kit, tmp_path):
     if ctranslate2_available():
         engines += ["teacher_ctranslate2_fp32_beam5", "teacher_ctranslate2_int8_beam5"]
     proc = benchmark(kit, tmp_path, "--threads", "1", "--batches", "1", "--rounds", "1", "--candidates", "1", "2", "3",
-                     "--rerank-lenpen", "2", "--engines", *engines)
+                     "--first-insertions", "2", "--rerank-lenpen", "2", "--engines", *engines)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "engines.json").read_text())
     rows = {r["engine_key"]: r for r in res["rows"]}
     assert set(rows) == set(engines)
-    assert rows["insertion_runtime_fp32_candidates"]["decoding"] == "parallel, 3 candidates, teacher-ordered"
+    assert rows["insertion_runtime_fp32_candidates"]["decoding"] == ("parallel, 6 candidates (2 first insertions), "
+                                                                     "teacher-ordered")
     assert all(r["mean_length"] > 0 and r["seconds"] > 0 for r in rows.values())
-    assert res["candidates"] == {"eos_penalties": [1.0, 2.0, 3.0], "lenpen": 2.0, "rerank_weight": 0.0}
+    assert res["candidates"] == {"eos_penalties": [1.0, 2.0, 3.0], "first_insertions": 2, "lenpen": 2.0,
+                                 "rerank_weight": 0.0}
     assert (tmp_path / "export" / "insertion_runtime_fp32_candidates" / "scorer.onnx").is_file()
     if ctranslate2_available():
         assert rows["teacher_ctranslate2_fp32_beam5"]["decoding"] == "beam 5"
