@@ -150,6 +150,10 @@ def test_generate_prints_nbest_candidates_and_reranks(setup):
         assert sorted(lines) == sorted(f"H-{i}" for i in range(12) for _ in range(3))
     hyps = parse_generate(proc.stdout, "H")
     assert len(hyps) == 12
+    proc = run(generate_args(root / "bin", ckpt, "--eos-penalty", "1", "--first-insertions", "3", "--nbest", "3",
+                             "--rerank-with", teacher))
+    lines = [ln.split("\t")[0] for ln in proc.stdout.splitlines() if ln.startswith("H-")]
+    assert sorted(lines) == sorted(f"H-{i}" for i in range(12) for _ in range(3))
 
 
 def test_rerank_model_with_another_dictionary_is_refused_by_name(setup, tmp_path_factory):
