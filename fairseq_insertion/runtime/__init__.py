@@ -14,8 +14,14 @@ canvases grow, and a sentence leaves the batch when no slot inserts anything, wh
 length limit or after the iteration bound. Its options are the fields of
 :class:`~fairseq_insertion.decoding.DecodingConfig` that concern a single decode (``decoding``,
 ``eos_penalty``, ``max_len_a``, ``max_len_b``, ``max_iterations``, ``block_neighbour_copies``,
-``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``), their defaults those the model was
-exported with.
+``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``; candidates: ``eos_penalties``,
+``first_insertions``, ``rerank_weight``), their defaults those the model was exported with.
+
+Candidates: with ``eos_penalties`` and ``first_insertions``, each sentence is decoded once per EOS penalty
+and first insertion, as rows of one batch, and its candidates are ordered by the model's score or, when the
+export holds a scorer (``export --rerank-with``), by the reranking score, as the PyTorch generator orders
+them (:func:`fairseq_insertion.loop.candidate_scores`); ``translate_batch(num_hypotheses=k)`` returns the
+best k.
 
 ``translator.translate_text(["A dog runs."])`` translates raw lines: each prepared as the model's
 training data was (the export's recorded preprocessing, :mod:`fairseq_insertion.preprocess`), the
@@ -63,8 +69,9 @@ __all__ = ["RUNTIME_OPTIONS", "Preprocessing", "TranslatorError", "TranslationRe
 @dataclass(frozen=True)
 class TranslationResult:
     """One input's result, as CTranslate2 gives it: ``hypotheses`` (token lists, best first) and
-    their ``scores`` (log-probability of the decode / (n + 1) ** lenpen); ``iterations``: the
-    steps that inserted at least one token."""
+    their ``scores`` (log-probability of the decode / (n + 1) ** lenpen; with a scorer, the reranking
+    score: (scorer's + rerank_weight x the decode's log-probability) / (n + 1) ** lenpen);
+    ``iterations``: the steps that inserted at least one token."""
 
     hypotheses: List[List[str]]
     scores: List[float]
@@ -183,7 +190,7 @@ class Translator:
         sentences decoded together (0: all; sentences of similar length go together).
         constraints: per input, its hard constraints, each a list of target pieces (``___``: a
         template gap), in the order they must appear. num_hypotheses: how many of each input's
-        candidates to return, best first (at most one per ``eos_penalties`` value). options: decoding
+        candidates to return, best first (at most first_insertions x eos_penalties). options: decoding
         options (see the module), the export's values by default. A source or constraints that are not
         lists of token lists (non-empty strings without whitespace), or a max_batch_size that is not an
         integer >= 0, is refused with a TranslatorError naming it."""
