@@ -202,12 +202,17 @@ def choosers() -> dict[str, dict[str, Chooser]]:
 
 
 def choose(valid: dict[str, Sentences], test: dict[str, Sentences], valid_refs: list[str], test_refs: list[str],
-           only: list[str] | None = None) -> list[dict]:
+           only: list[str] | None = None, reuse: list[dict] | None = None) -> list[dict]:
     """Rows: every candidate set x chooser, its setting chosen on valid (and on each half of valid, to see
-    whether the choice holds on the other half)."""
+    whether the choice holds on the other half). ``reuse``: rows of an earlier run on the same collections,
+    kept for the candidate sets they cover."""
     rows = []
     half = len(valid_refs) // 2
     for name in valid:
+        earlier = [r for r in reuse or [] if r["candidates"] == name and (not only or r["chooser"] in only)]
+        if earlier:
+            rows += earlier
+            continue
         v, t = valid[name], test[name]
         row = {"candidates": name, "per_sentence": round(sum(len(cs) for cs in t) / len(t), 2),
                "distinct": round(sum(len({c.text for c in cs}) for cs in t) / len(t), 2),
@@ -255,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--test-ref", type=Path, required=True)
     h.add_argument("--lang", default="de")
     h.add_argument("--teacher-greedy", type=float, default=34.72, help="the teacher's greedy test BLEU")
+    h.add_argument("--reuse", type=Path, help="an earlier choose's JSON on the same collections: its rows are "
+                   "kept for the candidate sets it has")
     h.add_argument("--seeds", nargs="*", default=[], metavar="NAME",
                    help="collections of one recipe's models of other seeds: a table of their means")
     h.add_argument("--out", type=Path, required=True, help="OUT/NAME: writes NAME.json and NAME.md")
@@ -284,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = [loaded[n] for n in names.split("+")]
         valid[f"{names} {s or '5'}"], test[f"{names} {s or '5'}"] = (
             pooled(*(subset(p[k], SETS[s or "5"]) for p in parts)) for k in (0, 1))
-    rows = choose(valid, test, read_reference(args.valid_ref), read_reference(args.test_ref), args.choosers)
+    reuse = json.loads(args.reuse.read_text())["rows"] if args.reuse else None
+    rows = choose(valid, test, read_reference(args.valid_ref), read_reference(args.test_ref), args.choosers, reuse)
     prefixes = dict(item.split("=", 1) for item in args.collected)
     names = T.placeholders({"OUT": args.out.parent, "DATA": args.valid_ref.parent,
                             "COLLECTED": Path(next(iter(prefixes.values()))).parent})
