@@ -383,7 +383,8 @@ class Translator:
 
     def _score(self, src: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
         """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
-        and the end), each source of ``src`` (B, S) encoded once."""
+        and the end), each source of ``src`` (B, S) encoded once and each distinct candidate of a sentence
+        scored once."""
         W = int(lengths.max()) + 1
         target = np.full((len(lengths), W), self.pad, np.int64)  # (B n, W) the tokens, then the end
         width = min(W, tokens.shape[1])
@@ -391,12 +392,16 @@ class Translator:
         columns = np.arange(W)[None, :]
         target[columns > lengths[:, None]] = self.pad
         target[columns == lengths[:, None]] = self.eos
-        prev = np.roll(target, 1, axis=1)  # (B n, W) end-of-sentence first, as fairseq's decoder input
+        sentence = np.repeat(np.arange(len(src)), n)  # (B n,)
+        _, first, same = np.unique(np.concatenate([sentence[:, None], target], 1), axis=0, return_index=True,
+                                   return_inverse=True)  # (U,) a row of each distinct candidate; (B n,) its index
+        target = target[first]  # (U, W)
+        prev = np.roll(target, 1, axis=1)  # (U, W) end-of-sentence first, as fairseq's decoder input
         prev[:, 0] = self.eos
         prev[target == self.pad] = self.pad
-        (log_probs,) = self._scorer.run(None, {"src_tokens": src, "rows": np.repeat(np.arange(len(src)), n),
-                                                "target": target, "prev_tokens": prev})
-        return log_probs
+        (log_probs,) = self._scorer.run(None, {"src_tokens": src, "rows": sentence[first], "target": target,
+                                                "prev_tokens": prev})
+        return log_probs[same.reshape(-1)]
 
     def _predict(self, state: Canvases, source: Source, opts: DecodingConfig) -> SlotScores:
         """One pass: the best token and its log p(c | l) for every open slot."""
