@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
-from fairseq.token_generation_constraints import pack_constraints
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesDetokenizer
 
@@ -41,58 +40,26 @@ SETS = {"1": (3.5,), "3": (2.5, 3.5, 4.5), "5": (1.0, 2.0, 3.0, 4.0, 5.0), "5n":
         "K5x3": tuple(b + 100 * j for j in range(5) for b in (2.5, 3.5, 4.5))}
 
 
-def branched(engine: H.Fairseq, sample: dict, k: int) -> list[list[dict]]:
-    """Each sentence decoded from each of its ``k`` best first insertions (the empty canvas's one slot, end
-    excluded), kept as the start of the canvas (its log-probability as ``first``)."""
-    model, gen, tgt = engine.model, engine.generator, engine.tgt
-    net = sample["net_input"]
-    B = net["src_tokens"].size(0)
-    cache = model.decoding_cache(model.encoder(net["src_tokens"], src_lengths=net["src_lengths"]))
-    framed = torch.tensor([[tgt.bos(), tgt.eos()]]).expand(B, 2)
-    content, _ = model.decode_slots(framed, cache, torch.ones(B, 1, dtype=torch.bool))  # (B, V)
-    lp = content.float().log_softmax(-1)
-    lp[:, [tgt.bos(), tgt.pad(), tgt.eos(), tgt.unk()]] = float("-inf")
-    first, tok = lp.topk(k, -1)  # (B, k)
-    order = torch.arange(B).repeat_interleave(k)
-    rows = {"id": torch.arange(B * k), "net_input": {n: v.index_select(0, order) for n, v in net.items()}}
-    edges, gen.word_edges = gen.word_edges, type("Off", (), {"active": False})()
-    try:
-        packed = pack_constraints([[t.view(1)] for t in tok.reshape(-1)])  # (B k, 3): count, token, end
-        hypos = gen.generate([model], rows, constraints=packed)
-    finally:
-        gen.word_edges = edges
-    out = []
-    for b in range(B):
-        cands = []
-        for j in range(k):
-            for h in hypos[b * k + j]:
-                cands.append({**h, "first": float(first[b, j]), "eos_penalty": h["eos_penalty"] + 100 * j})
-        out.append(cands)
-    return out
-
-
 def collect(insertion: Path, teacher: Path, data_bin: Path, split: str, betas: tuple[float, ...],
             batch: int = 32, branch: int = 1) -> dict:
-    """Every sentence of ``split`` decoded under each beta: per sentence, a list of candidates
-    ``[beta, pieces, model log-prob, teacher log-prob, iterations]`` (log-probs summed, end included)."""
+    """Every sentence of ``split`` decoded under each beta (and from each of its ``branch`` best first
+    insertions: ``--first-insertions``): per sentence, a list of candidates ``[beta + 100 x first insertion,
+    pieces, model log-prob, teacher log-prob, iterations]`` (log-probs summed, end included)."""
     where = H.Where(data_bin, Path("."))
     system = H.System("insertion", insertion, "fairseq", {
-        "decoding": "parallel", "eos_penalties": ",".join(map(str, betas)), "lenpen": 0.0,
-        "rerank_with": str(teacher), **H.REPETITION})
+        "decoding": "parallel", "eos_penalties": ",".join(map(str, betas)), "first_insertions": branch,
+        "lenpen": 0.0, "rerank_with": str(teacher), **H.REPETITION})
     engine = H.Fairseq(system, where)
     sources = H.pieces(data_bin, split)
     out: list[list] = [[] for _ in sources]
     for idx in H.schedule(sources, batch):
-        sample = engine.sample([sources[i] for i in idx])
         with torch.no_grad():
-            if branch > 1:
-                hypos = branched(engine, sample, branch)
-            else:
-                hypos = engine.generator.generate([engine.model], sample)
+            hypos = engine.generator.generate([engine.model], engine.sample([sources[i] for i in idx]))
         for i, cands in zip(idx, hypos, strict=True):
-            out[i] = sorted([[h["eos_penalty"], " ".join(engine.tgt[t] for t in h["tokens"][:-1].tolist()),
-                              round(float(h["positional_scores"].sum()) + h.get("first", 0.0), 4),
-                              round(float(h["teacher_score"]), 4), int(h["steps"])] for h in cands])
+            out[i] = sorted([[h["eos_penalty"] + 100 * h.get("first_insertion", 0),
+                              " ".join(engine.tgt[t] for t in h["tokens"][:-1].tolist()),
+                              round(float(h["positional_scores"].sum()), 4), round(float(h["teacher_score"]), 4),
+                              int(h["steps"])] for h in cands])
         print(f"{split}: {sum(1 for o in out if o)}/{len(out)}", file=sys.stderr, flush=True)
     return {"insertion": str(insertion), "teacher": str(teacher), "split": split, "betas": list(betas),
             "candidates": out}
@@ -246,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--betas", default=",".join(map(str, GRID)))
     c.add_argument("--batch", type=int, default=32)
     c.add_argument("--threads", type=int, default=1)
-    c.add_argument("--branch", type=int, default=1, help="decode from each of the K best first insertions (beta "
-                   "recorded + 100 x the branch)")
+    c.add_argument("--branch", type=int, default=1, help="decode from each of the K best first insertions too "
+                   "(--first-insertions K; beta recorded + 100 x the first insertion's rank)")
     c.add_argument("--out", type=Path, required=True)
     h = sub.add_parser("choose")
     h.add_argument("--collected", nargs="+", required=True, metavar="NAME=PREFIX",

@@ -64,7 +64,7 @@ class DecodingConfig:
     batch and its candidates are returned best first (by the model's score or
     ``rerank_with``'s); empty: only ``eos_penalty``.
     first_insertions: K > 1: every sentence is also decoded from each of the K best
-    first insertions (the tokens of the empty canvas's one slot, end-of-slot excluded),
+    first insertions (the tokens of the empty canvas's one slot, end-of-slot and unk excluded),
     K x the EOS penalties candidates in one batch (unconstrained decoding only).
     max_len_a, max_len_b: a canvas never grows beyond ``max_len_a * source
     length + max_len_b`` tokens (nor the model's positions).

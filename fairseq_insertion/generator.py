@@ -227,15 +227,13 @@ class InsertionGenerator:
 
     def _first_tokens(self, model, cache, k: int, B: int, device) -> Tuple[Tensor, Tensor]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`):
-        the empty canvas's one slot, end-of-slot, bos and pad excluded (``unkpen`` applied), best first (B, k),
-        and their log p(c | l) (B, k)."""
+        the empty canvas's one slot, end-of-slot, bos, pad and unk excluded, best first (B, k), and their
+        log p(c | l) (B, k)."""
         framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
         content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
         lse = content.logsumexp(-1, keepdim=True)  # (B, 1)
-        content[:, [self.bos, self.pad, self.eos]] = float("-inf")
-        if self.config.unkpen:
-            content[:, self.tgt_dict.unk()] -= self.config.unkpen
-        best, tokens = content.topk(k, -1)  # (B, k) each; ties: the lower id first
+        content[:, [self.bos, self.pad, self.eos, self.tgt_dict.unk()]] = float("-inf")
+        best, tokens = content.topk(k, -1)  # (B, k) each
         return tokens, best - lse
 
     def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:

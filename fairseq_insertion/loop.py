@@ -690,7 +690,7 @@ def best_first(xp: Ops, scores: Array, n: int) -> Array:
 def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
     """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
     insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,
-    bos and pad excluded, best first), its slots open, scored ``log_probs`` (B, K) (log p(c | l); the
+    bos, pad and unk excluded, best first), its slots open, scored ``log_probs`` (B, K) (log p(c | l); the
     one slot's log p(l) is 0); a sentence without ``room`` (B,) for a token (its length limit is 0)
     starts empty. Returns the starts of the B K rows and their tokens' scores (B K, 1)."""
     placed = (room[:, None] & (tokens == tokens)).reshape(-1)  # (B K,)

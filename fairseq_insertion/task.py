@@ -83,8 +83,8 @@ class InsertionTranslationConfig(TranslationConfig):
     first_insertions: int = field(
         default=DEFAULTS.first_insertions,
         metadata={"help": "K > 1: also decode every sentence from each of its K best first insertions (the empty "
-                  "canvas's best tokens, end excluded): K x the --eos-penalties candidates, in one batch, chosen "
-                  "among as --eos-penalties' (unconstrained decoding only)"},
+                  "canvas's best tokens, end and unk excluded): K x the --eos-penalties candidates, in one batch, "
+                  "chosen among as --eos-penalties' (unconstrained decoding only)"},
     )
     rerank_with: Optional[str] = field(
         default=None,

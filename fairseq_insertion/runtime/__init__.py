@@ -371,12 +371,12 @@ class Translator:
 
     def _first_tokens(self, source: Source, B: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
-        best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot barred,
-        its k best tokens."""
+        best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk
+        barred, its k best tokens."""
         framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
         tokens, log_probs, _, _ = self._pass.run(None, {
             "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64),
-            "blocked": np.full((B, 1), self.pad, np.int64), "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
+            "blocked": np.full((B, 1), self.unk, np.int64), "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
             "word_edges": self._constant(B, 0, np.int64), "no_end": self._constant(B, True, bool)[:, None],
             "k": np.asarray([k], np.int64)})
         return tokens, log_probs
