@@ -200,7 +200,8 @@ class InsertionGenerator:
             first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, bounds,
                                  retain_history=False).canvases
             init = _reorder_constraints(init, first.tokens, first.lengths)
-        edges = self.word_edges.to(device) if self.word_edges.active and init.tokens.size(1) > 0 else None
+        given = init.tokens.size(1) > 0 and first_scores is None  # constraints on the initial canvas
+        edges = self.word_edges.to(device) if self.word_edges.active and given else None
         result = self._decode(model, cache, init, max_len, beta, bounds, cfg.retain_history, edges, first_scores)
         out = result.canvases
 

@@ -221,3 +221,26 @@ def test_the_command_line_takes_tab_separated_constraints(exports):
         [c.split() for c in f[1:]] for f in fields], max_len_a=0, max_len_b=10)
     assert got == [" ".join(r.hypotheses[0]) for r in expected]
     assert "w7 p2@@ w8" in got[0] and "w9" in got[2]
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_first_insertions_on_subword_dictionaries_are_the_generators(tasks, exports, scheme):
+    """First insertions are not constraints: on dictionaries of glueing pieces no word-edge rule applies next
+    to them, in the generator as in the runtime (candidates, in order, token for token)."""
+    task, _ = tasks[scheme]
+    d = task.target_dictionary
+    model, out = exports[scheme, "slot"]
+    rng = random.Random(3)
+    sample = random_source_batch(d, [rng.randint(1, 8) for _ in range(16)])
+    config = DecodingConfig(max_len_a=0, max_len_b=14, eos_penalty=0.5, first_insertions=4, block_neighbour_copies=True)
+    hypos = InsertionGenerator(d, config).generate([model], sample)
+    expected = [[h["tokens"][:-1].tolist() for h in cands] for cands in hypos]
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    ids = [src[b, src.size(1) - int(n):].numpy() for b, n in enumerate(lengths)]  # left-padded
+    translator = Translator(out, intra_threads=1)
+    opts = translator.options(**{k: getattr(config, k) for k in RUNTIME_OPTIONS})
+    got = [[c.ids.tolist() for c in cands] for cands in translator.translate_ids(ids, 16, opts)]
+    assert got == expected and np.mean([len(c[0]) for c in expected]) > 3
+    glued = [h for cands in hypos for h in cands if any(d[t].endswith("@@") or not d[t].startswith("\u2581")
+                                                        for t in h["tokens"][:-1].tolist())]
+    assert glued  # pieces that glue were inserted: a rule at the first insertion would have had work
