@@ -30,7 +30,9 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
     ``eos_penalties``, ``lenpen``, ``rerank_weight``), also the runtime's candidates ordered by the teacher
     exported as its scorer, against the teacher's beam search (beam 5)."""
     S, rules = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}
-    chosen = {**rules, **(candidates or {}), "scorer": str(teacher) if teacher else None}
+    scored = (candidates or {}).get("scorer", True)
+    chosen = {**rules, **{k: v for k, v in (candidates or {}).items() if k != "scorer"},
+              "scorer": str(teacher) if teacher and scored else None}
     beam = [S("teacher_ctranslate2_fp32_beam5", teacher, "ctranslate2", {"precision": "fp32", "beam": 5}),
             S("teacher_ctranslate2_int8_beam5", teacher, "ctranslate2", {"precision": "int8", "beam": 5}),
             S("insertion_runtime_fp32_candidates", insertion, "runtime", {"decoding": "parallel", "precision": "fp32",
@@ -79,7 +81,7 @@ def candidates(args: argparse.Namespace) -> dict | None:
     if not args.candidates:
         return None
     return {"eos_penalties": tuple(args.candidates), "first_insertions": args.first_insertions,
-            "lenpen": args.rerank_lenpen, "rerank_weight": args.rerank_weight}
+            "lenpen": args.rerank_lenpen, "rerank_weight": args.rerank_weight, "scorer": not args.no_scorer}
 
 
 def decoding(options: dict) -> str:
@@ -89,7 +91,8 @@ def decoding(options: dict) -> str:
     if options.get("eos_penalties"):
         k = options.get("first_insertions", 1)
         return (f"parallel, {k * len(options['eos_penalties'])} candidates"
-                f"{f' ({k} first insertions)' if k > 1 else ''}, teacher-ordered")
+                f"{f' ({k} first insertions)' if k > 1 else ''}, {'teacher' if options.get('scorer') else 'model'}"
+                "-ordered")
     return options.get("decoding", "greedy")
 
 
@@ -242,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-insertions", type=int, default=1, help="with --candidates: decode each from its K "
                    "best first insertions too (K x the candidates)")
     p.add_argument("--rerank-lenpen", type=float, default=1.0, help="with --candidates: the length normalisation")
+    p.add_argument("--no-scorer", action="store_true", help="with --candidates: ordered by the model's score (no "
+                   "teacher exported)")
     p.add_argument("--rerank-weight", type=float, default=0.0, help="with --candidates: lambda, the model's weight")
     names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}))
     p.add_argument("--engines", nargs="+", choices=names, default=[n for n in names if not n.endswith(("beam5",

@@ -207,7 +207,7 @@ def test_candidates_rows_against_the_teachers_beam(kit, tmp_path):
                                                                      "teacher-ordered")
     assert all(r["mean_length"] > 0 and r["seconds"] > 0 for r in rows.values())
     assert res["candidates"] == {"eos_penalties": [1.0, 2.0, 3.0], "first_insertions": 2, "lenpen": 2.0,
-                                 "rerank_weight": 0.0}
+                                 "rerank_weight": 0.0, "scorer": True}
     assert (tmp_path / "export" / "insertion_runtime_fp32_candidates" / "scorer.onnx").is_file()
     if ctranslate2_available():
         assert rows["teacher_ctranslate2_fp32_beam5"]["decoding"] == "beam 5"
