@@ -28,6 +28,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesDetokenizer
 
 from examples.generate_output import read_reference, remove_bpe
+from examples.steps import closest_candidates
 
 from . import harness as H
 from . import report as T
@@ -145,10 +146,10 @@ def corpus_bleu(sentences: Sentences, chooser: Chooser, refs: list[str]) -> floa
 
 
 def oracle(sentences: Sentences, refs: list[str]) -> float:
-    b = BLEU(effective_order=True)
-    best = [max(cs, key=lambda c: b.sentence_score(c.text, [r]).score).text if cs else "" for cs, r in
-            zip(sentences, refs)]
-    return BLEU().corpus_score(best, [refs]).score
+    """Corpus BLEU of each sentence's candidate nearest its reference by sentence BLEU (ties: the earlier one)."""
+    texts = {i: [c.text for c in cs] or [""] for i, cs in enumerate(sentences)}
+    best = closest_candidates(texts, dict(enumerate(refs)))
+    return BLEU().corpus_score([best[i] for i in range(len(refs))], [refs]).score
 
 
 def choosers() -> dict[str, dict[str, Chooser]]:
