@@ -1,6 +1,6 @@
-"""Insertion decoding on torch: the word edges kept at constraints and the state a decode starts
-from (paper: "Inference"). The loop itself, its typed state (:class:`Canvases`,
-:class:`SlotScores`, :class:`Insertions`) and the step rules live in :mod:`fairseq_insertion.loop`
+"""Insertion decoding on torch: the word edges kept at constraints (paper: "Inference"). The loop
+itself, the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`,
+:class:`Insertions`) and the step rules live in :mod:`fairseq_insertion.loop`
 (torch-free, shared with the deployment runtime), every option and its default,
 :class:`DecodingConfig`, in :mod:`fairseq_insertion.config` (re-exported here).
 """
@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from . import loop as L
-from .canvas import InitialCanvas
 from .config import (  # noqa: F401  re-exported: decoding's options live in config.py
     CONSTRAINT_ORDERS,
     DECODINGS,
@@ -25,7 +24,6 @@ from .config import (  # noqa: F401  re-exported: decoding's options live in con
     check_search_options,
     parse_betas,
 )
-from .loop import Canvases
 
 # ---------------------------------------------------------------- word edges
 WORD_SCHEMES = L.WORD_SCHEMES  # the subword schemes whose word edges the decoder keeps at constraints
@@ -62,25 +60,3 @@ class WordEdges(NamedTuple):
         ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
         scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
         return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))
-
-
-# ---------------------------------------------------------------- the state of the loop
-def start_canvases(init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, retain_history: bool,
-                   word_edges: bool = False, close_ended: bool = False,
-                   first_scores: Optional[Tensor] = None) -> Canvases:
-    """The state before the first pass (:class:`fairseq_insertion.loop.Canvases`), from the initial canvas
-    of every row; ``word_edges``: mark its tokens as given, for the word-edge rule. Slots can close only
-    with constraints on the canvas or ``close_ended``: otherwise the state carries no closed slots.
-    ``first_scores`` (B, 1): the initial tokens are first insertions (:func:`fairseq_insertion.loop.
-    first_insertions`) with these scores, inserted by one iteration."""
-    B, K, device = init.tokens.size(0), init.tokens.size(1), init.tokens.device
-    given = torch.arange(K, device=device).unsqueeze(0) < init.lengths.unsqueeze(1) if word_edges else None
-    closes = close_ended or (K > 0 and first_scores is None)  # constraints on the canvas, or close_ended
-    return Canvases(rows=torch.arange(B, device=device), tokens=init.tokens,
-                    scores=torch.zeros(init.tokens.shape, device=device) if first_scores is None else first_scores,
-                    closed_before=init.closed_before if closes else None, closed_end=init.closed_end,
-                    lengths=init.lengths.clone(),
-                    iterations=init.lengths.clone() if first_scores is not None else
-                    torch.zeros(B, dtype=torch.long, device=device),
-                    final_eos=torch.zeros(B, device=device), max_len=max_len, eos_penalty=eos_penalty,
-                    history=[[] for _ in range(B)] if retain_history else None, given=given)

@@ -73,6 +73,7 @@ from .runtime.files import (
     file_digests,
     source_names,
 )
+from .slots import SlotRule, choose_graph
 
 logger = logging.getLogger(__name__)
 
@@ -305,43 +306,6 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=dec.embed_tokens.num_embeddings)
 
 
-def excluded(V: int, specials: Sequence[int], joins_next: np.ndarray, joins_prev: np.ndarray) -> np.ndarray:
-    """(4, V): what a slot may never receive, by its word-edge class (:func:`fairseq_insertion.loop.word_edge_bans`):
-    0 where it may, -inf at ``specials`` (bos, pad, eos: end-of-slot is judged apart) in every class, and at
-    the pieces that join the next token (class 1), the previous one (class 2) or either (class 3)."""
-    table = np.zeros((4, V), dtype=np.float32)
-    table[:, list(specials)] = float("-inf")
-    for row, banned in ((1, joins_next), (2, joins_prev), (3, joins_next | joins_prev)):
-        table[row, banned] = float("-inf")
-    return table
-
-
-def step_rule(g: Graph, content: str, table: np.ndarray, classes: str, blocked: str, eos_penalty: str, no_end: str,
-              eos: int, k: str) -> None:
-    """The pass's step rule on its raw scores ``content`` (N, V) of the open slots, as the PyTorch generator's
-    over the whole table (``tests/test_export_step.py``): outputs ``tokens`` (N, 1), the best token once
-    those of ``table``'s row ``classes`` (N,) (:func:`excluded`) and the ``blocked`` (N, M) ones are
-    excluded and end-of-slot is penalised by ``eos_penalty`` (N, 1) (and excluded where ``no_end`` (N, 1),
-    unless no other token is left: then it ends the slot); ``log_probs`` (N, 1) its log p(c | l), the
-    penalty included when end-of-slot wins; ``eos_log_probs`` (N, 1) log p(eos | l). Ties: the lowest id.
-    ``k`` (1,): the k best instead, (N, k) (the first insertions: end-of-slot excluded by ``no_end``)."""
-    top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
-    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
-               top)  # (N, 1) log-normaliser
-    eos_score = g.op("Gather", content, g.const(np.asarray([eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
-    g.output("Sub", "eos_log_probs", eos_score, lse)
-    allowed = g.op("Add", content, g.op("Gather", g.const(table, "excluded"), classes, axis=0))  # (N, V)
-    fill = g.op("ConstantOfShape", g.op("Shape", blocked), value=numpy_helper.from_array(
-        np.asarray([float("-inf")], dtype=np.float32)))  # (N, M)
-    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
-                           outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
-    eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
-    eos_allowed = g.op("Where", no_end, g.scalar(float("-inf")), eos_penalised)
-    eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
-    g.output("Where", "tokens", eos_wins, g.const(np.asarray(eos, np.int64), "eos_id"), other_id)
-    g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
-
-
 def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     """One decoding pass (see the module's docstring for its inputs and outputs)."""
     dec = model.decoder
@@ -375,8 +339,8 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
     content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
-    step_rule(g, content, excluded(V, (bos, pad, eos), joins_next, joins_prev), "word_edges", "blocked", "eos_penalty",
-              "no_end", eos, "k")
+    rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
+    choose_graph(g, rule, content, "word_edges", "blocked", "eos_penalty", "no_end", "k")
     heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
@@ -515,6 +479,9 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
     raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
     transformer of the same dictionaries that chooses among candidates (``scorer.onnx``)."""
     config = config or DecodingConfig()
+    if config.unkpen:
+        raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
+                          "unkpen 0")
     if preprocessing is not None:
         P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
     out.mkdir(parents=True, exist_ok=True)

@@ -25,45 +25,41 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
 
 from . import canvas as C
 from . import loop as L
+from . import slots as S
 from .canvas import TORCH, InitialCanvas
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, WordEdges, start_canvases
+from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, WordEdges
 from .loop import Canvases, SlotScores
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONSTRAINT_ORDERS", "DECODINGS", "CandidateScorer", "DecodeResult", "InsertionGenerator"]
+__all__ = ["CONSTRAINT_ORDERS", "DECODINGS", "CandidateScorer", "InsertionGenerator"]
 
 
 class CandidateScorer(Protocol):
     """Scores candidate translations, e.g. :class:`fairseq_insertion.rerank.AutoregressiveScorer`."""
 
-    def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor], per_source: int) -> Tensor:
-        """(B x per_source,) scores of the candidates, those of source b at rows b * per_source ..."""
-
-
-class DecodeResult(NamedTuple):
-    """What one run of the loop gives: the final canvases of every row in batch order
-    (their ``history`` too, with ``retain_history``) and the number of forward passes."""
-
-    canvases: Canvases
-    passes: int
+    def log_probs(self, src_tokens: Tensor, src_lengths: Tensor, target: Tensor, per_source: int) -> Tensor:
+        """(B x per_source,) log p(y | x) of each candidate ``target`` (B x per_source, T) (its tokens, the end,
+        then pad), those of source b at rows b * per_source ..."""
 
 
 @dataclass(frozen=True)
 class ModelBackend:
-    """The torch side of :func:`fairseq_insertion.loop.run`: one pass of the model over the open slots, and
-    the encoder cache following the sentences that go on."""
+    """The torch side of :func:`fairseq_insertion.loop.decode`: one pass of the model over the open slots, the
+    encoder cache following the sentences that go on, the first insertions and the reranker's scores."""
 
     generator: "InsertionGenerator"
     model: Any
-    edges: Optional[WordEdges] = None
+    src_tokens: Tensor  # (B, S) for the reranker
+    src_lengths: Tensor  # (B,)
+    edges: WordEdges
     xp: Any = TORCH
 
     def predict(self, state: Canvases, cache: Any) -> SlotScores:
@@ -71,6 +67,16 @@ class ModelBackend:
 
     def reorder(self, cache: Any, rows: Tensor) -> Any:
         return self.model.reorder_decoding_cache(cache, rows)
+
+    def first_tokens(self, cache: Any, batch: int, k: int) -> Tuple[Tensor, Tensor]:
+        return self.generator._first_tokens(self.model, cache, k, batch, self.src_tokens.device)
+
+    def score(self, tokens: Tensor, lengths: Tensor, per_source: int) -> Optional[Tensor]:
+        g = self.generator
+        if g.rerank is None:
+            return None
+        target = L.candidate_targets(TORCH, tokens, lengths, g.eos, g.pad)  # (B n, W)
+        return g.rerank.log_probs(self.src_tokens, self.src_lengths, target, per_source)
 
 
 class InsertionGenerator:
@@ -138,6 +144,9 @@ class InsertionGenerator:
         self.src_dict = src_dict if src_dict is not None else tgt_dict
         self.src_pad, self.src_eos, self.src_unk = self.src_dict.pad(), self.src_dict.eos(), self.src_dict.unk()
         self.word_edges = WordEdges.from_dictionary(tgt_dict)  # which tokens glue onto a neighbour
+        self.slot_rule = S.SlotRule.build((self.bos, self.pad, self.eos), self.eos, tgt_dict.unk(),
+                                          self.word_edges.joins_next.numpy(), self.word_edges.joins_prev.numpy(),
+                                          self.config.unkpen)  # what a slot may receive
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
                       "batches": 0}
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
@@ -154,77 +163,63 @@ class InsertionGenerator:
             raise NotImplementedError(f"insertion decoding takes one model; got an ensemble of {len(models)}")
         if prefix_tokens is not None:
             raise NotImplementedError("insertion decoding does not support --prefix-size")
-        if constraints is None:
-            constraints = sample.get("constraints")
+        constraints = sample.get("constraints") if constraints is None else constraints
         cfg, model = self.config, models[0]
         if model.training:  # fairseq's CLIs and the hub already put it in eval mode
             model.eval()
-        net_input = sample["net_input"]
-        src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
-        B, device = src_tokens.size(0), src_tokens.device
+        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
+        init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
+        backend = ModelBackend(self, model, src_tokens, src_lengths, self.word_edges.to(src_tokens.device))
+        unordered = cfg.constraint_order == "unordered" and constraints is not None
+        found = L.decode(backend, cache, init, max_len, cfg, _termination(model), self.eos, self.pad,
+                         self.word_edges.active, _reorder_constraints if unordered else None,
+                         self._record if cfg.retain_history else None)
+        hypos = self._hypos(found, src_tokens.size(0))
+        self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
+                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), found.passes)
+        return hypos
 
-        limit = model.max_decoder_positions() - 2  # the frame adds bos and eos
-        max_len = (src_lengths.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(0, limit)  # (B,)
+    def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
+        """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or
+        constraints over the limit) named."""
+        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+        B, K = src_tokens.size(0), self.config.first_insertions
+        if K > 1 and constraints is not None:
+            raise ValueError(f"--first-insertions {K} (first_insertions=) branches from the empty canvas: it "
+                             "applies to unconstrained decoding, not with constraints")
         real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
         empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (unless constrained)
-        init = self._initial_canvas(constraints, B, device)
+        init = self._initial_canvas(constraints, B, src_tokens.device)
         self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1), init.lengths.gt(0))
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)
         # an empty line stays empty; an empty source with constraints is decoded from them, its limit at least theirs
-        max_len, too_long = L.length_limits(TORCH, max_len, empty, init.lengths, limit)  # too long: the output empty
+        max_len, too_long = L.length_limits(TORCH, L.length_limit(TORCH, src_lengths, self.config, limit), empty,
+                                            init.lengths, limit)  # too long: the output empty
         if bool(too_long.any()):
             self._report_too_long(sample, src_tokens, too_long, init.lengths, max_len)
             init = init.emptied(too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
-        termination = _termination(model)
-        bounds = L.Bounds.build(TORCH, cfg, termination, self.eos, self.pad)
-        betas, K = cfg.betas, cfg.first_insertions
-        n = K * len(betas)  # candidates per sentence: row (b K + j) n / K + c, L.candidate_rows
-        first_scores, passes = None, 0
-        if K > 1:
-            if constraints is not None:
-                raise ValueError(f"--first-insertions {K} (first_insertions=) branches from the empty canvas: it "
-                                 "applies to unconstrained decoding, not with constraints")
-            tokens, log_probs = self._first_tokens(model, cache, K, B, device)  # (B, K) each
-            start, first_scores = L.first_insertions(TORCH, tokens, log_probs, max_len > 0, self.pad)
-            init, passes = InitialCanvas(*start), 1
-        sentence, start_row = L.candidate_rows(TORCH, B, K, len(betas), like=src_lengths)  # (B n,) each
-        beta = torch.tensor(betas, device=device).repeat(B * K)  # (B n,)
-        if n > 1:
-            cache = model.reorder_decoding_cache(cache, sentence)
-            init, max_len = init.take(start_row), max_len.index_select(0, sentence)
-            first_scores = first_scores if first_scores is None else first_scores.index_select(0, start_row)
-        if cfg.constraint_order == "unordered" and constraints is not None and init.tokens.size(1) > 0:
-            first = self._decode(model, cache, InitialCanvas.empty(B * n, device, self.pad), max_len, beta, bounds,
-                                 retain_history=False).canvases
-            init = _reorder_constraints(init, first.tokens, first.lengths)
-        given = init.tokens.size(1) > 0 and first_scores is None  # constraints on the initial canvas
-        edges = self.word_edges.to(device) if self.word_edges.active and given else None
-        result = self._decode(model, cache, init, max_len, beta, bounds, cfg.retain_history, edges, first_scores)
-        out = result.canvases
+        return init, max_len
 
+    def _hypos(self, found: L.Decoded, B: int) -> List[List[Dict]]:
+        """fairseq's hypothesis dicts of every sentence's candidates, best first."""
+        cfg, out = self.config, found.canvases
+        n, betas = cfg.candidates, cfg.betas
         rows = []
         for r in range(B * n):
             h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
             h["eos_penalty"] = betas[r % len(betas)]
-            if K > 1:
-                h["first_insertion"] = (r // len(betas)) % K
+            if cfg.first_insertions > 1:
+                h["first_insertion"] = (r // len(betas)) % cfg.first_insertions
             if out.history is not None:
                 h["history"] = out.history[r]
+            if found.teacher is not None:
+                h["teacher_score"] = float(L.candidate_scores(found.teacher[r], int(out.lengths[r]), cfg.lenpen))
+                h["rerank_score"] = float(found.score[r])
             rows.append(h)
-        if self.rerank is not None:  # one teacher-forced pass over every candidate, each source encoded once
-            teacher = self.rerank.score(src_tokens, src_lengths, [h["tokens"] for h in rows], n).tolist()
-            for h, t in zip(rows, teacher):
-                h["teacher_score"] = t
-                h["rerank_score"] = t + cfg.rerank_weight * float(h["score"])
-        key = "rerank_score" if self.rerank else "score"
-        order = L.best_first(TORCH, torch.tensor([float(h[key]) for h in rows]), n).tolist()  # (B, n)
-        hypos = [[rows[b * n + c] for c in order[b]] for b in range(B)]
-        self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
-                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), result.passes + passes)
-        return hypos
+        return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
 
     def _first_tokens(self, model, cache, k: int, B: int, device) -> Tuple[Tensor, Tensor]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`):
@@ -232,10 +227,10 @@ class InsertionGenerator:
         log p(c | l) (B, k)."""
         framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
         content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
-        lse = content.logsumexp(-1, keepdim=True)  # (B, 1)
-        content[:, [self.bos, self.pad, self.eos, self.tgt_dict.unk()]] = float("-inf")
-        best, tokens = content.topk(k, -1)  # (B, k) each
-        return tokens, best - lse
+        barred = L.SlotInputs(blocked=framed.new_full((B, 1), self.tgt_dict.unk()), eos_penalty=0.0, classes=None,
+                              no_end=framed.new_ones(B, dtype=torch.bool))
+        tokens, log_probs, _ = S.choose(self.slot_rule, content, barred, k)  # (B, k) each
+        return tokens, log_probs
 
     def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:
         """The empty canvas of every line, or the one holding its constraints."""
@@ -247,68 +242,23 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, bounds: L.Bounds,
-                retain_history: bool, edges: Optional[WordEdges] = None,
-                first_scores: Optional[Tensor] = None) -> DecodeResult:
-        """The insertion loop (:func:`fairseq_insertion.loop.run`) from ``init``. ``edges``: keep the
-        initial tokens (the constraints) whole words. Returns the final canvases of all B rows (in
-        batch order) and the number of forward passes."""
-        state = start_canvases(init, max_len, eos_penalty, retain_history, edges is not None, bounds.close_ended,
-                               first_scores)
-        out, passes = L.run(ModelBackend(self, model, edges), state, cache, bounds,
-                            self._record if retain_history else None)
-        return DecodeResult(canvases=out, passes=passes)
-
-    def _predict(self, model, state: Canvases, cache, edges: Optional[WordEdges] = None) -> SlotScores:
-        """One forward pass: the best token and its log p(c | l) for every open slot.
+    def _predict(self, model, state: Canvases, cache, edges: WordEdges) -> SlotScores:
+        """One forward pass: the best token and its log p(c | l) for every open slot (the slot rule,
+        :func:`fairseq_insertion.slots.choose`).
 
         Only the open slots are projected onto the vocabulary, and only the
         log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
         (greedy sequence finalization's best (slot, token) is the best slot's best token).
         """
-        cfg = self.config
-        framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
-        A, S = framed.size(0), framed.size(1) - 1
-        open_ = L.open_slots(TORCH, state, S)  # (A, S)
+        framed = L.frame(TORCH, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
+        open_ = L.open_slots(TORCH, state, framed.size(1) - 1)  # (A, S)
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
-        lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
-        eos_lp = content[:, self.eos] - lse  # (N,)
-        if cfg.block_neighbour_copies or cfg.no_repeat_ngram_size:
-            blocked = C.repeated_tokens(framed, cfg.no_repeat_ngram_size, cfg.block_neighbour_copies,
-                                        (self.bos, self.eos), self.pad)  # (A, S, M), pad: nothing
-            content.scatter_(1, blocked[open_], float("-inf"))  # pad is -inf below anyway
-        if len(cfg.betas) == 1:
-            content[:, self.eos] -= cfg.betas[0]
-        else:  # each slot its row's beta
-            content[:, self.eos] -= state.eos_penalty.unsqueeze(1).expand(A, S)[open_]
-        if cfg.unkpen:
-            content[:, self.tgt_dict.unk()] -= cfg.unkpen
-        content[:, self.bos] = float("-inf")
-        content[:, self.pad] = float("-inf")
-        sequence = cfg.decoding == "greedy" and _termination(model) == "sequence"
-        end = None if edges is None else self._keep_word_edges(content, framed, state.given, open_, edges, sequence)
-        best, tok = content.max(-1)  # (N,) each open slot's best token over the vocabulary
-        if end is not None:  # a slot the rule left without any token may end
-            stuck = best.isneginf()
-            best, tok = torch.where(stuck, end, best), tok.masked_fill(stuck, self.eos)
-        return L.slot_scores(TORCH, open_, tok, best - lse, eos_lp, location, self.eos, sequence)
-
-    def _keep_word_edges(self, content: Tensor, framed: Tensor, given: Tensor, open_: Tensor, edges: WordEdges,
-                         sequence: bool) -> Tensor:
-        """The word-edge rule on the open slots' scores ``content`` (N, V), in place: next to a
-        constraint token no token that glues onto it, and end-of-slot forbidden where a constraint's
-        word must be completed (:func:`canvas.word_edge_slots`); with sequence finalization, no
-        end-of-sequence while a sentence has such a slot. Returns the end-of-slot scores before the
-        rule (N,), for a slot left with no allowed token at all (a tiny vocabulary), which may end."""
-        no_next, no_prev, no_end = L.word_edge_bans(TORCH, framed, given, edges.joins_next, self.eos, open_,
-                                                    sequence)  # (N,) each
-        end = content[:, self.eos].clone()
-        if edges.joins_next_any:
-            content.masked_fill_(no_next.unsqueeze(1) & edges.joins_next, float("-inf"))
-        if edges.joins_prev_any:
-            content.masked_fill_(no_prev.unsqueeze(1) & edges.joins_prev, float("-inf"))
-        content[:, self.eos].masked_fill_(no_end, float("-inf"))
-        return end
+        sequence = self.config.decoding == "greedy" and _termination(model) == "sequence"
+        inputs = L.slot_inputs(TORCH, state, framed, open_, self.config, sequence, edges.joins_next, self.bos,
+                               self.eos, self.pad)
+        tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs)  # (N, 1) each
+        return L.slot_scores(TORCH, open_, tokens[:, 0], log_probs[:, 0], eos_log_probs[:, 0], location, self.eos,
+                             sequence)
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""
@@ -355,7 +305,7 @@ class InsertionGenerator:
         log_prob = positional.sum()
         return {
             "tokens": tokens,
-            "score": log_prob / (n + 1) ** self.config.lenpen,
+            "score": L.candidate_scores(log_prob, n, self.config.lenpen),
             "log_prob": log_prob,
             "positional_scores": positional,
             "steps": int(steps),
@@ -396,9 +346,9 @@ def _termination(model) -> str:
     return model.termination
 
 
-def _reorder_constraints(init: InitialCanvas, hyp: Tensor, hyp_lengths: Tensor) -> InitialCanvas:
+def _reorder_constraints(init: L.Start, unconstrained: Canvases) -> L.Start:
     """``unordered``: sort each line's constraints by the first occurrence of
-    their first token in ``hyp`` (B, T), the unconstrained translation.
+    their first token in its ``unconstrained`` translation.
     Lines whose first or last slot is closed (an anchored template) keep the
     given order."""
     canvas, lengths, closed_before, closed_end, segment = init
@@ -408,7 +358,7 @@ def _reorder_constraints(init: InitialCanvas, hyp: Tensor, hyp_lengths: Tensor) 
     real = j < lengths.unsqueeze(1)
     starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
     first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
-    key = C.first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
+    key = C.first_occurrence(unconstrained.tokens, unconstrained.lengths, first_tok)  # (B, G)
     anchored = (closed_before[:, 0] if K else closed_end) | closed_end
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
     perm = C.order_segments(segment, lengths, key)  # (B, K)

@@ -489,6 +489,37 @@ def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_
                       final_eos=final_eos)
 
 
+class SlotInputs(NamedTuple):
+    """What the open slots (N, row-major) bring to the slot rule (:mod:`fairseq_insertion.slots`) besides their
+    scores."""
+
+    blocked: Optional[Array]  # (N, M) tokens barred (pad: none); None: nothing barred
+    eos_penalty: Any  # (N,) each slot's beta, or one beta (a float) for all
+    classes: Optional[Array]  # (N,) word-edge class (0 free, 1 no piece joining the next token, 2 the previous,
+    # 3 either); None: every slot 0
+    no_end: Optional[Array]  # (N,) end-of-slot barred; None: nowhere
+
+
+def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, config: DecodingConfig, sequence: bool,
+                joins_next: Array, bos: int, eos: int, pad: int) -> SlotInputs:
+    """One pass's :class:`SlotInputs` for the open slots ``open_`` (A, S) of the canvases ``framed`` (A, S + 1):
+    the repetition rules' blocked tokens, each slot's EOS penalty, and next to constraint tokens (``state.given``)
+    the word-edge rule (``sequence``: sequence finalization; ``joins_next`` (V,) the pieces that join the next
+    token)."""
+    blocked = None
+    if config.block_neighbour_copies or config.no_repeat_ngram_size:
+        repeats = repeated_tokens(xp, framed, config.no_repeat_ngram_size, config.block_neighbour_copies, (bos, eos),
+                                  pad)  # (A, S, M)
+        blocked = repeats[open_] if repeats.shape[2] else None  # (N, M)
+    penalty = config.betas[0] if state.eos_penalty is None else \
+        xp.where(open_, state.eos_penalty[:, None], 0.0)[open_]  # (N,)
+    if state.given is None:
+        return SlotInputs(blocked=blocked, eos_penalty=penalty, classes=None, no_end=None)
+    no_next, no_prev, no_end = word_edge_bans(xp, framed, state.given, joins_next, eos, open_, sequence)  # (N,) each
+    return SlotInputs(blocked=blocked, eos_penalty=penalty, classes=xp.long(no_next) + 2 * xp.long(no_prev),
+                      no_end=no_end)
+
+
 # ---------------------------------------------------------------- the step rules
 @dataclass(frozen=True)
 class ParallelStep:
@@ -681,6 +712,17 @@ def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Op
     return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
 
 
+def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int) -> Array:
+    """(R, W) each candidate as a scorer reads it: its first ``lengths`` (R,) of ``tokens`` (R, K), the end, then
+    ``pad``; W the longest plus one."""
+    W = xp.host(lengths.max())[0] + 1
+    target = xp.full((tokens.shape[0], W), pad, like=tokens)
+    width = min(W, tokens.shape[1])
+    target[:, :width] = tokens[:, :width]
+    columns = xp.arange(W, like=lengths)[None, :]
+    return xp.where(columns < lengths[:, None], target, xp.where(columns == lengths[:, None], eos, pad))
+
+
 def best_first(xp: Ops, scores: Array, n: int) -> Array:
     """(B, n) each sentence's ``n`` candidates (rows b n ... b n + n - 1 of ``scores`` (B n,)), the best first;
     ties keep the row order (the lower EOS penalty's index first)."""
@@ -707,3 +749,99 @@ def candidate_rows(xp: Ops, batch: int, branches: int, betas: int, like: Array) 
     start row (B K n,) (sentence b's, or its j-th first insertion's row b K + j)."""
     rows = xp.arange(batch * branches * betas, like=like)  # (B K n,)
     return rows // (branches * betas), rows // betas
+
+
+# ---------------------------------------------------------------- the decode driver
+def length_limit(xp: Ops, src_lengths: Array, config: DecodingConfig, limit: int) -> Array:
+    """(B,) each sentence's length limit from its source length ``src_lengths`` (B,) (its end-of-sentence
+    marker included, as fairseq counts it): ``max_len_a * length + max_len_b`` in float32, as fairseq's, at
+    most ``limit`` (the model's target positions less the frame's two)."""
+    scaled = xp.cast(src_lengths, like=xp.asarray(np.zeros(0, np.float32), like=src_lengths))
+    return xp.long(scaled * config.max_len_a + config.max_len_b).clip(min=0, max=limit)
+
+
+def start_state(xp: Ops, start: Start, max_len: Array, eos_penalty: Optional[Array], given: bool, closes: bool,
+                first_scores: Optional[Array] = None, history: bool = False) -> Canvases:
+    """The state before the first pass from each row's ``start``. ``given``: its tokens are constraints whose
+    word edges are kept; ``closes``: slots can close (constraints on the canvas, or close-ended slots), else
+    the state carries no closed slots; ``first_scores`` (R, 1): the tokens are first insertions
+    (:func:`first_insertions`) with these scores, inserted by one iteration; ``history``: keep every canvas."""
+    R, K = start.tokens.shape
+    zeros = xp.asarray(np.zeros((R, K + 1), np.float32), like=start.lengths)  # (R, K + 1)
+    return Canvases(rows=xp.arange(R, like=start.lengths), tokens=start.tokens,
+                    scores=zeros[:, :K] if first_scores is None else first_scores,
+                    closed_before=start.closed_before if closes else None, closed_end=start.closed_end,
+                    lengths=start.lengths + 0, iterations=start.lengths * (0 if first_scores is None else 1),
+                    final_eos=zeros[:, K] + 0, max_len=max_len, eos_penalty=eos_penalty,
+                    given=xp.arange(K, like=start.lengths)[None, :] < start.lengths[:, None] if given else None,
+                    history=[[] for _ in range(R)] if history else None)
+
+
+class Model(Backend, Protocol):
+    """A :class:`Backend` that also gives each sentence's best first insertions and, with a scorer, scores
+    candidates: what :func:`decode` drives."""
+
+    def first_tokens(self, memory: Any, batch: int, k: int) -> Tuple[Array, Array]:
+        """The k best first insertions of each of the ``batch`` sentences (:func:`first_insertions`), best first
+        (B, k), and their log p(c | l) (B, k)."""
+
+    def score(self, tokens: Array, lengths: Array, per_source: int) -> Optional[Array]:
+        """(B n,) a scorer's log-probability of each candidate (its first ``lengths`` of ``tokens`` (B n, W) and
+        the end), sentence b's at rows b n ... b n + n - 1; None without a scorer."""
+
+
+class Decoded(NamedTuple):
+    """Every candidate of a batch's decode: rows (b K + j) n / K + c (:func:`candidate_rows`)."""
+
+    canvases: Canvases  # (B n rows) the final canvases, their history with ``record``
+    log_prob: Array  # (B n,) the decode's log-probability: its tokens' log p(c, l) and the final end-of-slot
+    teacher: Optional[Array]  # (B n,) the scorer's log-probability, when the backend has a scorer
+    score: Array  # (B n,) the ordering score (:func:`candidate_scores`)
+    order: Array  # (B, n) each sentence's candidates, best first (indices within the sentence)
+    passes: int  # forward passes, the first insertions' included
+
+
+Arrange = Callable[[Start, Canvases], Start]
+
+
+def decode(model: Model, memory: Any, start: Start, max_len: Array, config: DecodingConfig, termination: str,
+           eos: int, pad: int, word_edges: bool = False, arrange: Optional[Arrange] = None,
+           record: Optional[Record] = None) -> Decoded:
+    """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
+    empty canvases or their constraints, ``max_len`` (B,) their length limits (:func:`length_limit`,
+    :func:`length_limits`). With ``config.first_insertions`` K > 1 each sentence branches from its K best first
+    insertions, and with several ``config.eos_penalties`` each start is decoded under each penalty, as rows of
+    one batch (each source encoded once). ``word_edges``: the dictionary marks word edges; constraints are then
+    kept whole words. ``arrange(start, decoded)``: reorder the constraints once an unconstrained decode of every
+    row is known (``constraint_order="unordered"``). ``termination``: the model's (``slot`` or ``sequence``)."""
+    xp = model.xp
+    B, betas, K = max_len.shape[0], config.betas, config.first_insertions
+    n = config.candidates
+    first_scores, passes = None, 0
+    if K > 1:
+        tokens, log_probs = model.first_tokens(memory, B, K)  # (B, K) each
+        start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
+        passes = 1
+    if n > 1:
+        sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
+        memory, start, max_len = model.reorder(memory, sentence), start.take(start_row), max_len[sentence]
+        first_scores = None if first_scores is None else first_scores[start_row]
+    eos_penalty = xp.asarray(np.tile(np.asarray(betas, np.float32), B * K), like=max_len) if len(betas) > 1 \
+        else None  # (B n,) each row's beta; None: the one beta
+    bounds = Bounds.build(xp, config, termination, eos, pad)
+    given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
+    if arrange is not None and given:
+        blank = Start.blank(xp, B * n, start.lengths, pad)
+        unconstrained, _ = run(model, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended), memory,
+                               bounds)
+        start = arrange(start, unconstrained)
+    state = start_state(xp, start, max_len, eos_penalty, given and word_edges, bounds.close_ended or given,
+                        first_scores, record is not None)
+    out, more = run(model, state, memory, bounds, record)
+    real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
+    log_prob = xp.where(real, out.scores, 0.0).sum(1) + out.final_eos  # (B n,)
+    teacher = model.score(out.tokens, out.lengths, n) if n > 1 else None
+    score = candidate_scores(log_prob, xp.cast(out.lengths, like=log_prob), config.lenpen, teacher,
+                             config.rerank_weight)  # (B n,)
+    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=best_first(xp, score, n),
+                   passes=passes + more)

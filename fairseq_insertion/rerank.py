@@ -51,9 +51,16 @@ class AutoregressiveScorer:
     def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor], per_source: int = 1) -> Tensor:
         """src_tokens: (B, S) the source sentences (left-padded, as fairseq batches them);
         hyps: B x ``per_source`` token tensors, each ending with eos, those of source b at
-        rows b * per_source ... Returns (B x per_source,) scores: the encoder runs once per
-        source, the decoder once, teacher-forced, for all candidates."""
+        rows b * per_source ... Returns (B x per_source,) scores: :meth:`log_probs` / (n + 1) ** lenpen."""
         target = torch.nn.utils.rnn.pad_sequence(hyps, batch_first=True, padding_value=self.pad)  # (N, T)
+        real = target.ne(self.pad).sum(1).clamp(min=1).float()  # (N,) n + 1
+        return self.log_probs(src_tokens, src_lengths, target, per_source) / real ** self.lenpen
+
+    @torch.no_grad()
+    def log_probs(self, src_tokens: Tensor, src_lengths: Tensor, target: Tensor, per_source: int = 1) -> Tensor:
+        """(B x per_source,) log p(y | x) of each candidate ``target`` (B x per_source, T) (its tokens, eos, then
+        pad), those of source b at rows b * per_source ...: the encoder runs once per source, the decoder
+        once, teacher-forced, for all candidates."""
         target = target.to(src_tokens.device)
         if target.size(0) != src_tokens.size(0) * per_source:
             raise ValueError(f"{target.size(0)} candidates for {src_tokens.size(0)} sources x {per_source} each")
@@ -65,5 +72,4 @@ class AutoregressiveScorer:
             encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, order)
         lprobs = self.model.get_normalized_probs(self.model.decoder(prev, encoder_out=encoder_out), log_probs=True)
         real = target.ne(self.pad)  # (N, T)
-        tok = lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)  # (N, T)
-        return tok.sum(1) / real.sum(1).clamp(min=1).float() ** self.lenpen
+        return lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0).sum(1)  # (N,)

@@ -1,7 +1,8 @@
-"""The exported pass's step rule (export.step_rule): on random tables with many ties it chooses what the
-PyTorch generator's rule chooses over the whole table (bos, pad and the blocked tokens excluded, end-of-slot
-penalised, the lowest id among equal scores), with the same log-probabilities; with the word-edge rule,
-as the generator's (InsertionGenerator._keep_word_edges), a slot left with no token at all ending."""
+"""The slot rule's two applications (fairseq_insertion.slots: choose on torch, choose_graph in the exported
+pass) against each other and against an independent reference over the whole table (bos, pad and the
+blocked tokens excluded, end-of-slot penalised, the lowest id among equal scores), on random tables with
+many ties, with the same log-probabilities; with the word-edge rule, a slot left with no token at all
+ending; unkpen on torch; the export refuses unkpen."""
 
 import numpy as np
 import pytest
@@ -13,15 +14,20 @@ pytest.importorskip("onnx")
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
-from fairseq_insertion.export import Graph, _io, excluded, step_rule  # noqa: E402
+from fairseq_insertion.export import ExportError, Graph, _io, export_model  # noqa: E402
+from fairseq_insertion.loop import SlotInputs  # noqa: E402
+from fairseq_insertion.slots import SlotRule, choose, choose_graph  # noqa: E402
 
-BOS, PAD, EOS = 0, 1, 2
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+
+
+def rule_of(joins_next: np.ndarray, joins_prev: np.ndarray, unkpen: float = 0.0) -> SlotRule:
+    return SlotRule.build((BOS, PAD, EOS), EOS, UNK, joins_next, joins_prev, unkpen)
 
 
 def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
     g = Graph("step")
-    step_rule(g, "content", excluded(V, (BOS, PAD, EOS), joins_next, joins_prev), "word_edges", "blocked",
-              "eos_penalty", "no_end", EOS, "k")
+    choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", V]), _io("blocked", TensorProto.INT64, ["open", "m"]),
                      _io("eos_penalty", TensorProto.FLOAT, ["open", 1]), _io("word_edges", TensorProto.INT64, ["open"]),
                      _io("no_end", TensorProto.BOOL, ["open", 1]), _io("k", TensorProto.INT64, [1])],
@@ -32,13 +38,14 @@ def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next, joins_prev):
-    """The generator's rule (InsertionGenerator._predict and _keep_word_edges) on the whole (N, V) table."""
+def full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next, joins_prev, unkpen=0.0):
+    """The rule written out on the whole (N, V) table, step by step (the reference)."""
     c = torch.from_numpy(content.copy())
     lse = c.logsumexp(-1)
     eos_lp = c[:, EOS] - lse
     c.scatter_(1, torch.from_numpy(blocked), float("-inf"))
     c[:, EOS] -= torch.from_numpy(penalty)
+    c[:, UNK] -= unkpen
     c[:, BOS] = float("-inf")
     c[:, PAD] = float("-inf")
     end = c[:, EOS].clone()
@@ -73,6 +80,13 @@ def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
         assert tokens[:, 0].tolist() == want_tok.tolist()
         np.testing.assert_allclose(log_probs[:, 0], want_lp, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(eos_log_probs[:, 0], want_eos, rtol=1e-5, atol=1e-5)
+        t_tok, t_lp, t_eos = choose(rule_of(joins_next, joins_prev), torch.from_numpy(content.copy()), SlotInputs(
+            blocked=torch.from_numpy(blocked), eos_penalty=torch.from_numpy(penalty),
+            classes=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
+            no_end=torch.from_numpy(no_end) if edges else None))
+        assert t_tok[:, 0].tolist() == want_tok.tolist()
+        np.testing.assert_allclose(t_lp[:, 0].numpy(), want_lp, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(t_eos[:, 0].numpy(), want_eos, rtol=1e-5, atol=1e-5)
         chosen.update(tokens[:, 0].tolist())
         stuck += int((no_end & (want_tok == EOS)).sum())
     assert EOS in chosen and len(chosen) > 2  # both end-of-slot and tokens were chosen
@@ -93,9 +107,36 @@ def test_k_best_tokens_with_the_end_barred_are_the_tables_top_k():
         tokens, log_probs, _ = session.run(None, {
             "content": content, "blocked": blocked, "eos_penalty": np.zeros((N, 1), np.float32),
             "word_edges": np.zeros(N, np.int64), "no_end": np.ones((N, 1), bool), "k": np.asarray([k])})
-        c = torch.from_numpy(content)
+        c = torch.from_numpy(content.copy())
         lse = c.logsumexp(-1, keepdim=True)
         c[:, [BOS, PAD, EOS]] = float("-inf")
         want, want_ids = c.topk(k, -1)
         assert tokens.shape == (N, k) and tokens.tolist() == want_ids.tolist()
         np.testing.assert_allclose(log_probs, (want - lse).numpy(), rtol=1e-5, atol=1e-5)
+        t_tok, t_lp, _ = choose(rule_of(np.zeros(V, bool), np.zeros(V, bool)), torch.from_numpy(content.copy()),
+                                SlotInputs(blocked=torch.from_numpy(blocked), eos_penalty=0.0, classes=None,
+                                           no_end=torch.ones(N, dtype=torch.bool)), k)
+        assert t_tok.tolist() == want_ids.tolist()
+        np.testing.assert_allclose(t_lp.numpy(), (want - lse).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_unkpen_on_torch_is_the_whole_tables_and_the_export_refuses_it(tmp_path):
+    V = 12
+    gen = np.random.default_rng(2)
+    none = np.zeros(V, bool)
+    for unkpen in (0.5, 2.0):
+        N = 40
+        content = gen.choice([-1.0, 0.0, 0.5, 1.0], size=(N, V)).astype(np.float32)
+        content[:, UNK] += 2.5  # unk often best, even after its penalty
+        blocked = np.full((N, 1), PAD)
+        penalty = np.full(N, 0.5, np.float32)
+        off = np.zeros(N, bool)
+        want_tok, want_lp, _ = full_table(content, blocked, penalty, off, off, off, none, none, unkpen)
+        t_tok, t_lp, _ = choose(rule_of(none, none, unkpen), torch.from_numpy(content.copy()), SlotInputs(
+            blocked=None, eos_penalty=0.5, classes=None, no_end=None))
+        assert t_tok[:, 0].tolist() == want_tok.tolist() and UNK in want_tok.tolist()
+        np.testing.assert_allclose(t_lp[:, 0].numpy(), want_lp, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ExportError, match="unkpen 1.0"):
+        from fairseq_insertion.config import DecodingConfig
+
+        export_model(None, None, None, tmp_path / "out", config=DecodingConfig(unkpen=1.0))

@@ -97,11 +97,13 @@ class Source(NamedTuple):
 
 @dataclass(frozen=True)
 class Passes:
-    """The runtime's side of :func:`fairseq_insertion.loop.run`: ONNX Runtime's pass over the open slots of
-    the active sentences, with one call's options; the source side follows the sentences that go on."""
+    """The runtime's side of :func:`fairseq_insertion.loop.decode`: ONNX Runtime's pass over the open slots of
+    the active sentences, with one call's options; the source side follows the sentences that go on; the
+    first insertions; the export's scorer, when it has one, on the sources ``src`` (B, S)."""
 
     translator: "Translator"
     opts: DecodingConfig
+    src: np.ndarray
     xp: Any = L.NUMPY
 
     def predict(self, state: Canvases, source: Source) -> SlotScores:
@@ -109,6 +111,13 @@ class Passes:
 
     def reorder(self, source: Source, rows: np.ndarray) -> Source:
         return source.take(rows)
+
+    def first_tokens(self, source: Source, batch: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        return self.translator._first_tokens(source, batch, k)
+
+    def score(self, tokens: np.ndarray, lengths: np.ndarray, per_source: int) -> Optional[np.ndarray]:
+        t = self.translator
+        return None if t._scorer is None else t._score(self.src, tokens, lengths, per_source)
 
 
 class Translator:
@@ -290,8 +299,7 @@ class Translator:
             logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
                            i, lengths[i], self.max_source_positions)
         limit = self.max_target_positions - 2
-        max_len = np.clip((lengths.astype(np.float32) * np.float32(opts.max_len_a)
-                           + np.float32(opts.max_len_b)).astype(np.int64), 0, limit)  # (B,) as fairseq's
+        max_len = L.length_limit(L.NUMPY, lengths, opts, limit)  # (B,) as fairseq's
         held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64) \
             if constraints is not None else np.zeros(len(ids), np.int64)  # (B,) constraint tokens
         max_len, unfit = L.length_limits(L.NUMPY, max_len, lengths <= 1, held, limit)
@@ -322,52 +330,23 @@ class Translator:
                       constraints: Optional[List[List[np.ndarray]]] = None) -> List[List[Candidate]]:
         """Decode one batch of source ids, each within its length limit ``max_len`` (B,): each sentence's
         candidates, best first."""
-        B = len(ids)
+        B, n = len(ids), opts.candidates
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
         src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
         source = Source({**dict(zip(self._source_names, self._encoder.run(None, {"src_tokens": src}))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        start = self._start(constraints, B)
-        betas, branches = opts.betas, opts.first_insertions
-        n = opts.candidates  # candidates per sentence: L.candidate_rows
-        first_scores, first_passes = None, 0
-        if branches > 1:
-            tokens, log_probs = self._first_tokens(source, B, branches)  # (B, K) each
-            start, first_scores = L.first_insertions(L.NUMPY, tokens, log_probs, max_len > 0, self.pad)
-            first_passes = 1
-        if n > 1:
-            sentence, start_row = L.candidate_rows(L.NUMPY, B, branches, len(betas), like=src_len)  # (B n,) each
-            source, start, max_len = source.take(sentence), start.take(start_row), max_len[sentence]
-            first_scores = first_scores if first_scores is None else first_scores[start_row]
-        bounds = L.Bounds.build(L.NUMPY, opts, self.termination, self.eos, self.pad)
-        K = start.tokens.shape[1]
-        given = K > 0 and first_scores is None  # constraints on the initial canvases
-        edges = given and self.word_scheme != "none"  # the constraints kept whole words
-        R = B * n
-        state = Canvases(rows=np.arange(R), tokens=start.tokens,
-                         scores=np.zeros((R, K), np.float32) if first_scores is None else first_scores,
-                         closed_before=start.closed_before if bounds.close_ended or given else None,
-                         closed_end=start.closed_end, lengths=start.lengths.copy(),
-                         iterations=start.lengths.copy() if first_scores is not None else np.zeros(R, np.int64),
-                         final_eos=np.zeros(R, np.float32), max_len=max_len,
-                         eos_penalty=np.tile(np.asarray(betas, np.float32), B * branches) if n > 1 else None,
-                         given=np.arange(K)[None, :] < start.lengths[:, None] if edges else None)
-        out, passes = L.run(Passes(self, opts), state, source, bounds)
-        passes += first_passes
-        real = np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]  # (B n, W)
-        log_prob = np.where(real, out.scores, 0).sum(1, dtype=np.float32) + out.final_eos  # (B n,)
-        teacher = self._score(src, out.tokens, out.lengths, n) if n > 1 and self._scorer is not None else None
-        score = L.candidate_scores(log_prob, out.lengths.astype(np.float32), np.float32(opts.lenpen), teacher,
-                                   np.float32(opts.rerank_weight))  # (B n,)
-        order = (L.best_first(L.NUMPY, score, n) + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
+        found = L.decode(Passes(self, opts, src), source, self._start(constraints, B), max_len, opts,
+                         self.termination, self.eos, self.pad, self.word_scheme != "none")
+        out = found.canvases
+        order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
         best = order[::n]  # (B,)
-        for key, value in (("sentences", B), ("batches", 1), ("passes", passes),
+        for key, value in (("sentences", B), ("batches", 1), ("passes", found.passes),
                            ("iterations", int(out.iterations[best].sum())), ("tokens", int(out.lengths[best].sum()))):
             self.stats[key] += value
-        found = [Candidate(out.tokens[r, :out.lengths[r]], float(score[r]), int(out.iterations[r]))
-                 for r in order.tolist()]
-        return [found[b * n:(b + 1) * n] for b in range(B)]
+        candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
+                      for r in order.tolist()]
+        return [candidates[b * n:(b + 1) * n] for b in range(B)]
 
     def _first_tokens(self, source: Source, B: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
@@ -385,13 +364,7 @@ class Translator:
         """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
         and the end), each source of ``src`` (B, S) encoded once and each distinct candidate of a sentence
         scored once."""
-        W = int(lengths.max()) + 1
-        target = np.full((len(lengths), W), self.pad, np.int64)  # (B n, W) the tokens, then the end
-        width = min(W, tokens.shape[1])
-        target[:, :width] = tokens[:, :width]
-        columns = np.arange(W)[None, :]
-        target[columns > lengths[:, None]] = self.pad
-        target[columns == lengths[:, None]] = self.eos
+        target = L.candidate_targets(L.NUMPY, tokens, lengths, self.eos, self.pad)  # (B n, W)
         sentence = np.repeat(np.arange(len(src)), n)  # (B n,)
         _, first, same = np.unique(np.concatenate([sentence[:, None], target], 1), axis=0, return_index=True,
                                    return_inverse=True)  # (U,) a row of each distinct candidate; (B n,) its index
@@ -404,32 +377,23 @@ class Translator:
         return log_probs[same.reshape(-1)]
 
     def _predict(self, state: Canvases, source: Source, opts: DecodingConfig) -> SlotScores:
-        """One pass: the best token and its log p(c | l) for every open slot."""
+        """One pass: the best token and its log p(c | l) for every open slot (the graph applies the slot rule,
+        :func:`fairseq_insertion.slots.choose_graph`)."""
         framed = L.frame(L.NUMPY, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.shape[0], framed.shape[1] - 1
         open_ = L.open_slots(L.NUMPY, state, S)  # (A, S)
-        every = bool(open_.all())  # one canvas, or canvases of one length: no scatter needed
-        open_slots = np.arange(A * S) if every else np.flatnonzero(open_)  # (N,) row-major, as torch's masks
-        if opts.block_neighbour_copies or opts.no_repeat_ngram_size:
-            blocked = L.repeated_tokens(L.NUMPY, framed, opts.no_repeat_ngram_size, opts.block_neighbour_copies,
-                                        (self.bos, self.eos), self.pad).reshape(A * S, -1)[open_slots]  # (N, M)
-            if blocked.shape[1] == 0:
-                blocked = np.full((len(open_slots), 1), self.pad, np.int64)
-        else:
-            blocked = np.full((len(open_slots), 1), self.pad, np.int64)
+        open_slots = np.arange(A * S) if open_.all() else np.flatnonzero(open_)  # (N,) row-major, as torch's masks
         sequence = opts.decoding == "greedy" and self.termination == "sequence"
-        if state.given is not None:  # the word-edge rule next to the constraints: the graph's classes 1, 2, 3
-            no_next, no_prev, no_end = L.word_edge_bans(L.NUMPY, framed, state.given, self._joins_next, self.eos,
-                                                        open_, sequence)  # (N,) each
-            word_edges = no_next.astype(np.int64) + 2 * no_prev
-        else:
-            n = len(open_slots)
-            word_edges, no_end = self._constant(n, 0, np.int64), self._constant(n, False, bool)
+        inputs = L.slot_inputs(L.NUMPY, state, framed, open_, opts, sequence, self._joins_next, self.bos, self.eos,
+                               self.pad)
+        n, constant = len(open_slots), self._constant
+        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
+            constant(n, inputs.eos_penalty, np.float32)  # (N,)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
-            "framed": framed, **source.inputs, "open_slots": open_slots.astype(np.int64), "blocked": blocked,
-            "eos_penalty": (self._constant(len(open_slots), opts.eos_penalty, np.float32) if state.eos_penalty is None
-                            else state.eos_penalty[open_slots // S])[:, None],
-            "word_edges": word_edges, "no_end": no_end[:, None], "k": _ONE})
+            "framed": framed, **source.inputs, "open_slots": open_slots, "eos_penalty": penalty[:, None],
+            "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
+            "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
+            "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None], "k": _ONE})
         tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
 

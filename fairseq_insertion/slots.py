@@ -1,0 +1,97 @@
+"""What a slot may receive: the slot rule, built once from the dictionary and the decoding options, and its
+two applications side by side, on a torch table (the PyTorch generator, :func:`choose`) and in the exported
+pass graph (:func:`choose_graph`); ``tests/test_slots.py`` checks one against the other.
+
+A pass scores each open slot over the vocabulary (N, V), raw. The rule then:
+
+* never inserts bos or pad, and judges end-of-slot apart from the tokens: it wins when its log-probability
+  less the slot's EOS penalty beta is at least the best token's;
+* bars each slot's ``blocked`` tokens (the repetition rules, :func:`fairseq_insertion.loop.repeated_tokens`);
+* next to constraint tokens (:func:`fairseq_insertion.loop.word_edge_bans`), bars by the slot's word-edge class
+  the pieces that glue onto the next token (class 1), the previous one (2) or either (3), and end-of-slot
+  where a constraint's word must be completed (``no_end``); a slot left with nothing at all ends;
+* subtracts ``unkpen`` from unk (fairseq's ``--unkpen``; torch only: the export refuses it);
+* keeps the best token (the k best for the first insertions), the lowest id among equal scores, with its
+  log p(c | l) (the penalty included when end-of-slot wins) and log p(eos | l).
+
+The per-pass inputs (blocked tokens, penalties, classes) come from :func:`fairseq_insertion.loop.slot_inputs`.
+This module imports numpy and the loop only: :func:`choose` takes torch tensors, :func:`choose_graph` an
+export graph builder.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from .loop import NEG_INF, SlotInputs
+
+CLASSES = 4  # word-edge classes: 0 free, 1 no piece joining the next token, 2 none joining the previous, 3 neither
+
+
+class SlotRule(NamedTuple):
+    """What a slot may receive, for one dictionary and one set of options."""
+
+    eos: int
+    unk: int
+    specials: Tuple[int, ...]  # never inserted: bos, pad, eos (end-of-slot is judged apart)
+    excluded: np.ndarray  # (CLASSES, V) float32: 0 where a token may be inserted, -inf where not
+    unkpen: float = 0.0
+
+    @classmethod
+    def build(cls, specials: Sequence[int], eos: int, unk: int, joins_next: np.ndarray, joins_prev: np.ndarray,
+              unkpen: float = 0.0) -> "SlotRule":
+        """``specials``: never inserted (bos, pad, eos; end-of-slot is judged apart); ``joins_next``,
+        ``joins_prev`` (V,) bool: the pieces that glue onto the next or the previous token
+        (:func:`fairseq_insertion.loop.word_edge_table`)."""
+        table = np.zeros((CLASSES, len(joins_next)), dtype=np.float32)
+        table[:, list(specials)] = NEG_INF
+        for row, banned in ((1, joins_next), (2, joins_prev), (3, joins_next | joins_prev)):
+            table[row, banned] = NEG_INF
+        return cls(eos=eos, unk=unk, specials=tuple(specials), excluded=table, unkpen=float(unkpen))
+
+
+def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tuple[Any, Any, Any]:
+    """The rule on torch: ``content`` (N, V) the open slots' raw scores (changed in place). Returns each slot's
+    k best tokens (N, k), their log p(c | l) (N, k) and log p(eos | l) (N, 1)."""
+    eos = rule.eos
+    lse = content.logsumexp(-1, keepdim=True)  # (N, 1) log-normaliser
+    eos_log_probs = content[:, eos:eos + 1] - lse  # (N, 1)
+    if inputs.blocked is not None:
+        content.scatter_(1, inputs.blocked, NEG_INF)
+    penalised = content[:, eos] - inputs.eos_penalty  # (N,)
+    if rule.unkpen:
+        content[:, rule.unk] -= rule.unkpen
+    if inputs.classes is None:  # every slot in class 0: only the specials barred
+        content[:, list(rule.specials)] = NEG_INF
+    else:
+        content += content.new_tensor(rule.excluded)[inputs.classes]  # (N, V)
+    content[:, eos] = penalised if inputs.no_end is None else penalised.masked_fill(inputs.no_end, NEG_INF)
+    best, tokens = content.topk(k, -1) if k > 1 else content.max(-1, keepdim=True)  # (N, k) each; ties: lowest id
+    stuck = best.isneginf()  # nothing left: the slot ends
+    best = best.where(~stuck, penalised[:, None])
+    return tokens.masked_fill(stuck, eos), best - lse, eos_log_probs
+
+
+def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: str, eos_penalty: str, no_end: str,
+                 k: str) -> None:
+    """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
+    scores, with the inputs ``classes`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1) and
+    ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`."""
+    top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
+    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
+               top)  # (N, 1) log-normaliser
+    eos_score = g.op("Gather", content, g.const(np.asarray([rule.eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
+    g.output("Sub", "eos_log_probs", eos_score, lse)
+    allowed = g.op("Add", content, g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0))  # (N, V)
+    fill = g.op("Expand", g.scalar(NEG_INF), g.op("Shape", blocked))  # (N, M)
+    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
+                           outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
+    eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
+    eos_allowed = g.op("Where", no_end, g.scalar(NEG_INF), eos_penalised)
+    eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
+    g.output("Where", "tokens", eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
+    g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
+
+
