@@ -61,7 +61,7 @@ def encoder_keys_values(layers: Sequence[nn.Module]) -> Projection:
 
 
 class SlotHeadWeights(NamedTuple):
-    """The factorized slot head of an insertion decoder.
+    """The slot head of an insertion decoder.
 
     ``pair``: adjacent final decoder states, concatenated (.., 2C) -> the slot state (.., C);
     ``location_query``: q (C,), p(l) = softmax(H q) (None: the joint head, whose location scores are its
