@@ -48,7 +48,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -74,6 +74,7 @@ from .runtime.files import (
     source_names,
 )
 from .slots import SlotRule, choose_graph
+from .weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def _io(name: str, dtype: int, dims: Sequence) -> "onnx.ValueInfoProto":
     return helper.make_tensor_value_info(name, dtype, list(dims))
 
 
-def _linear(g: Graph, x: str, linear: nn.Linear) -> str:
+def _linear(g: Graph, x: str, linear: Union[nn.Linear, Projection]) -> str:
     """x W^T + b."""
     y = g.op("MatMul", x, g.const(linear.weight.t(), "weight"))
     return y if linear.bias is None else g.op("Add", y, g.const(linear.bias, "bias"))
@@ -161,11 +162,10 @@ def _self_attention(g: Graph, x: str, attn, mask: str, causal: bool = False) -> 
     (one q/k/v product, the heads, softmax(q k^T / sqrt(d)) v; int8: ``QAttention``), then the
     output projection. mask: (A, T) int32, 1 where attending is allowed; causal: each position attends
     to itself and those before it only (an autoregressive decoder)."""
-    weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()  # (C, 3C)
-    bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features)
-                      for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    qkv = self_attention_qkv(attn)  # weight (3C, C)
+    bias = qkv.bias if qkv.bias is not None else qkv.weight.new_zeros(qkv.weight.size(0))  # (3C,)
     _check_scaling(attn)
-    y = g.op("Attention", x, g.const(weight, "qkv_weight"), g.const(bias, "qkv_bias"), mask,
+    y = g.op("Attention", x, g.const(qkv.weight.t(), "qkv_weight"), g.const(bias, "qkv_bias"), mask,
              domain="com.microsoft", num_heads=attn.num_heads, unidirectional=int(causal))
     return _linear(g, y, attn.out_proj)
 
@@ -243,24 +243,58 @@ def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
     return _layer_norm(g, x, enc.layer_norm), keep
 
 
+def _keys_values(g: Graph, x: str, layers, rows: Optional[str] = None,
+                 names: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
+    """Every decoder layer's encoder-attention keys and values of the encoder output x (B, S, C), in one
+    product (:func:`~fairseq_insertion.weights.encoder_keys_values`): per layer (keys, values), each
+    (B, heads, S, d); rows (N,): those of these sources instead, (N, heads, S, d); names: graph outputs
+    to write them to, keys_0, ..., values_0, ... (:func:`~fairseq_insertion.runtime.files.source_names`)."""
+    attn = layers[0].encoder_attn
+    L, H, d = len(layers), attn.num_heads, attn.head_dim
+    kv = g.op("Reshape", _linear(g, x, encoder_keys_values(layers)), g.ints(0, 0, 2 * L, H, d))  # (B, S, 2L, H, d)
+    if rows is not None:
+        kv = g.op("Gather", kv, rows, axis=0)  # (N, S, 2L, H, d)
+    out = []
+    for i in range(2 * L):  # k_0, v_0, k_1, ...
+        column = g.op("Gather", kv, g.const(np.asarray(i, dtype=np.int64), "index"), axis=2)  # (B, S, H, d)
+        name = names[i // 2 + L * (i % 2)] if names is not None else None
+        out.append(g.output("Transpose", name, column, perm=[0, 2, 1, 3]) if name is not None
+                   else g.op("Transpose", column, perm=[0, 2, 1, 3]))  # (B, H, S, d)
+    return list(zip(out[0::2], out[1::2]))
+
+
+def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[str, str]], src_mask: str,
+            causal: bool = False) -> Tuple[str, str]:
+    """fairseq's TransformerDecoderBase's layer stack in inference on ``tokens`` (A, T): embeddings, every
+    layer (self-attention, causal or over the whole canvas; encoder attention on ``keys_values``, per layer
+    (A, heads, S, d) each, masked by src_mask (A, S) int32; FFN; layer norms before or after as
+    configured), the final layer norm and output projection: its final states (A, T, C) and where the
+    tokens are real (A, T)."""
+    keep = g.op("Not", g.op("Equal", tokens, g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, T)
+    x = _embed(g, tokens, keep, dec, scale_padding=False)  # (A, T, C)
+    mask = _mask(g, keep)
+    for layer, (k, v) in zip(dec.layers, keys_values):
+        before = layer.normalize_before
+        x = _residual(g, x, layer.self_attn_layer_norm, before,
+                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal))
+        x = _residual(g, x, layer.encoder_attn_layer_norm, before,
+                      lambda h, a=layer.encoder_attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask))
+        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
+    x = _layer_norm(g, x, dec.layer_norm)
+    if dec.project_out_dim is not None:
+        x = _linear(g, x, dec.project_out_dim)
+    return x, keep
+
+
 def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
     """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
     attention. Mirrors fairseq's TransformerEncoderBase in inference."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
     x, _ = _encode(g, enc)
-    attn = [layer.encoder_attn for layer in dec.layers]
-    L, H, d = len(attn), attn[0].num_heads, attn[0].head_dim
-    fused = nn.Linear(enc.embed_tokens.embedding_dim, 2 * L * H * d)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([w for a in attn for w in (a.k_proj.weight, a.v_proj.weight)]))
-        fused.bias.copy_(torch.cat([b for a in attn for b in (a.k_proj.bias, a.v_proj.bias)]))
-    kv = g.op("Reshape", _linear(g, x, fused), g.ints(0, 0, 2 * L, H, d))  # (B, S, 2L, H, d): k_0, v_0, k_1, ...
+    L, H, d = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     names = source_names(L)
-    for i in range(L):
-        for j, name in enumerate((names[i], names[L + i])):
-            column = g.const(np.asarray(2 * i + j, dtype=np.int64), "index")
-            g.output("Transpose", name, g.op("Gather", kv, column, axis=2), perm=[0, 2, 1, 3])  # (B, H, S, d)
+    _keys_values(g, x, dec.layers, names=names)
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
                    [_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names],
                    vocab_size=enc.embed_tokens.num_embeddings)
@@ -275,24 +309,10 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
     enc, dec = model.encoder, model.decoder
     g = Graph("scorer")
     x, keep = _encode(g, enc)
-    memory = g.op("Gather", x, "rows", axis=0)  # (N, S, C)
+    keys_values = _keys_values(g, x, dec.layers, rows="rows")  # (N, heads, S, d) each
     src_mask = _mask(g, g.op("Gather", keep, "rows", axis=0))  # (N, S)
+    y, _ = _decode(g, dec, "prev_tokens", keys_values, src_mask, causal=True)  # (N, T, C)
     pad = g.const(np.asarray(dec.padding_idx, np.int64), "pad")
-    real = g.op("Not", g.op("Equal", "prev_tokens", pad))  # (N, T)
-    y = _embed(g, "prev_tokens", real, dec, scale_padding=False)
-    mask = _mask(g, real)
-    for layer in dec.layers:
-        before, attn = layer.normalize_before, layer.encoder_attn
-        _check_scaling(attn)
-        y = _residual(g, y, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal=True))
-        y = _residual(g, y, layer.encoder_attn_layer_norm, before, lambda h, a=attn: _linear(g, g.op(
-            "MultiHeadAttention", _linear(g, h, a.q_proj), _linear(g, memory, a.k_proj), _linear(g, memory, a.v_proj),
-            "", src_mask, domain="com.microsoft", num_heads=a.num_heads), a.out_proj))
-        y = _residual(g, y, layer.final_layer_norm, before, _ffn(g, layer))
-    y = _layer_norm(g, y, dec.layer_norm)
-    if dec.project_out_dim is not None:
-        y = _linear(g, y, dec.project_out_dim)
     logits = g.op("MatMul", y, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, T, V)
     token = g.op("Squeeze", g.op("GatherElements", g.op("LogSoftmax", logits, axis=-1),
                                  g.op("Unsqueeze", "target", g.ints(-1)), axis=2), g.ints(-1))  # (N, T)
@@ -312,32 +332,10 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     d = dec.dictionary
     bos, eos, pad, V = d.bos(), d.eos(), d.pad(), len(d)
     g = Graph("insertion_pass")
-    keep = g.op("Not", g.op("Equal", "framed", g.const(np.asarray(pad, np.int64), "pad")))  # (A, W)
-    x = _embed(g, "framed", keep, dec, scale_padding=False)  # (A, W, C)
-    mask = _mask(g, keep)
     L = len(dec.layers)
     names = source_names(L)
-    for i, layer in enumerate(dec.layers):
-        before, attn = layer.normalize_before, layer.encoder_attn
-        x = _residual(g, x, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
-        x = _residual(g, x, layer.encoder_attn_layer_norm, before,
-                      lambda h, a=attn, k=names[i], v=names[L + i]: _cross_attention(g, h, a, k, v, "src_mask"))
-        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
-    x = _layer_norm(g, x, dec.layer_norm)
-    if dec.project_out_dim is not None:
-        x = _linear(g, x, dec.project_out_dim)
-    end = np.iinfo(np.int64).max
-    pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
-                 g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)
-    H = _linear(g, pairs, dec.slot_proj)  # (A, S, C) slot states
-    real = g.op("Slice", keep, g.ints(1), g.ints(end), g.ints(1))  # (A, S)
-    loc = g.op("Squeeze", g.op("MatMul", H, g.const(dec.head.location_query.unsqueeze(1), "location_query")),
-               g.ints(-1))
-    g.output("LogSoftmax", "location", g.op("Where", real, loc, g.scalar(float("-inf"))), axis=-1)
-    C = dec.output_projection.weight.size(1)
-    Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), "open_slots", axis=0)  # (N, C) open slots only
-    content = g.op("MatMul", Hc, g.const(dec.output_projection.weight.t(), "output_projection"))  # (N, V)
+    x, keep = _decode(g, dec, "framed", list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
+    content = _slot_head(g, x, keep, slot_head(dec), "open_slots")  # (N, V)
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
     choose_graph(g, rule, content, "word_edges", "blocked", "eos_penalty", "no_end", "k")
@@ -355,6 +353,23 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
         [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
         vocab_size=V)
+
+
+def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str) -> str:
+    """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the
+    final states x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``,
+    log p(l) (A, W-1), -inf at padding slots, and returns the content scores of the ``open_slots`` (N,)
+    (flat indices into the A x (W-1) slots) alone, (N, V)."""
+    end = np.iinfo(np.int64).max
+    pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
+                 g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)
+    H = _linear(g, pairs, head.pair)  # (A, S, C) slot states
+    real = g.op("Slice", keep, g.ints(1), g.ints(end), g.ints(1))  # (A, S)
+    loc = g.op("Squeeze", g.op("MatMul", H, g.const(head.location_query.unsqueeze(1), "location_query")), g.ints(-1))
+    g.output("LogSoftmax", "location", g.op("Where", real, loc, g.scalar(float("-inf"))), axis=-1)
+    C = head.output.weight.size(1)
+    Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), open_slots, axis=0)  # (N, C) open slots only
+    return g.op("MatMul", Hc, g.const(head.output.weight.t(), "output_projection"))  # (N, V)
 
 
 def check_exportable(model: nn.Module) -> None:

@@ -7,9 +7,10 @@ product; :func:`cached_slot_states` then runs fairseq's decoder layers over a
 framed canvas with full self-attention (what ``extract_features(...,
 full_context_alignment=True)`` computes), each attention one
 ``scaled_dot_product_attention`` call, the self-attention's queries, keys and
-values one matrix product. The fused weights (:func:`fused_projections`) are
-built once per model; the model keeps them and rebuilds them when a parameter
-they come from changes.
+values one matrix product. The fused weights (:func:`fused_projections`, read
+from :mod:`fairseq_insertion.weights` as the ONNX export reads them) are built
+once per model; the model keeps them and rebuilds them when a parameter they
+come from changes.
 
 This is the only code of the package that mirrors fairseq's layer internals
 (``TransformerDecoderBase.extract_features``, ``TransformerDecoderLayerBase``,
@@ -27,22 +28,31 @@ import torch.nn.functional as F
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
+from .weights import (
+    Projection,
+    encoder_attention_projections,
+    encoder_keys_values,
+    self_attention_projections,
+    self_attention_qkv,
+)
+
 
 class FusedProjections(NamedTuple):
-    """The decoder's attention projections fused for inference (:func:`fused_projections`).
+    """The decoder's attention projections fused for inference (:func:`fused_projections`), read from
+    :mod:`fairseq_insertion.weights`.
 
     ``self_attention``: per layer, the self-attention's q, k and v projections as one
-    (weight (3C, C), bias (3C,) or None); the query scaling stays in the attention call
-    (``scaled_dot_product_attention`` applies it inside its kernel, and folded into the q
-    rows it would round q differently wherever it is not a power of two);
+    (:func:`~fairseq_insertion.weights.self_attention_qkv`: weight (3C, C), bias (3C,) or None); the query
+    scaling stays in the attention call (``scaled_dot_product_attention`` applies it inside its kernel, and
+    folded into the q rows it would round q differently wherever it is not a power of two);
     ``encoder_attention``: every layer's encoder-attention k and v projections as one
-    (weight (L 2C, C_enc), bias), rows k_0, v_0, k_1, v_1, ...; ``source``: the parameters
-    they were made from, each with its data pointer, version counter, dtype and device then,
-    to see a change (:meth:`fits`).
+    (:func:`~fairseq_insertion.weights.encoder_keys_values`: weight (L 2C, C_enc), rows k_0, v_0, k_1, ...);
+    ``source``: the parameters they were made from, each with its data pointer, version counter, dtype and
+    device then, to see a change (:meth:`fits`).
     """
 
-    self_attention: List[Tuple[Tensor, Optional[Tensor]]]
-    encoder_attention: Tuple[Tensor, Optional[Tensor]]
+    self_attention: List[Projection]
+    encoder_attention: Projection
     source: Tuple[Tuple[Tensor, tuple], ...]
 
     def fits(self, parameters: List[Tensor]) -> bool:
@@ -55,41 +65,22 @@ def _state(p: Tensor) -> tuple:
     return p.data_ptr(), p._version, p.dtype, p.device
 
 
-def _projections(decoder: TransformerDecoderBase) -> List[nn.Module]:
-    """The projections :func:`fused_projections` fuses: each layer's self-attention q, k, v
-    and encoder-attention k, v."""
-    return [proj for layer in decoder.layers for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                          layer.self_attn.v_proj, layer.encoder_attn.k_proj,
-                                                          layer.encoder_attn.v_proj)]
-
-
 def fused_projections(decoder: TransformerDecoderBase,
                       previous: Optional[FusedProjections] = None) -> Optional[FusedProjections]:
     """The fused attention projections of ``decoder`` (``previous`` when it still fits the
     parameters), or None where :func:`cacheable` rejects the layers or a projection is not a
     plain ``nn.Linear`` (int8 dynamic quantization): those run projection by projection."""
-    projections = _projections(decoder) if cacheable(decoder) else []
-    # plain nn.Linear (not int8 dynamic quantization), a bias on all or none
-    if not projections or not all(isinstance(p, nn.Linear) for p in projections) \
-            or len({p.bias is None for p in projections}) != 1:
+    if not cacheable(decoder):
+        return None
+    projections = [p for layer in decoder.layers for p in self_attention_projections(layer.self_attn)]
+    projections += encoder_attention_projections(decoder.layers)
+    if not all(isinstance(p, nn.Linear) for p in projections):  # int8 dynamic quantization
         return None
     parameters = [t for p in projections for t in (p.weight, p.bias) if t is not None]
     if previous is not None and previous.fits(parameters):
         return previous
-
-    def cat(tensors: List[Optional[Tensor]]) -> Optional[Tensor]:
-        return None if tensors[0] is None else torch.cat(tensors)
-
-    with torch.no_grad():
-        fused = []
-        for layer in decoder.layers:
-            a = layer.self_attn
-            fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                          cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])))
-        cross = [layer.encoder_attn for layer in decoder.layers]
-        encoder_attention = (torch.cat([w for a in cross for w in (a.k_proj.weight, a.v_proj.weight)]),
-                             cat([b for a in cross for b in (a.k_proj.bias, a.v_proj.bias)]))
-    return FusedProjections(fused, encoder_attention, tuple((p, _state(p)) for p in parameters))
+    return FusedProjections([self_attention_qkv(layer.self_attn) for layer in decoder.layers],
+                            encoder_keys_values(decoder.layers), tuple((p, _state(p)) for p in parameters))
 
 
 class EncoderCache(NamedTuple):
@@ -202,7 +193,7 @@ def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: E
 
 
 def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor, src_keep: Optional[Tensor],
-                  qkv: Optional[Tuple[Tensor, Optional[Tensor]]]) -> Tensor:
+                  qkv: Optional[Projection]) -> Tensor:
     """One fairseq decoder layer in inference (full self-attention over the canvas), with
     the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d);
     qkv: the self-attention's fused projection (None: projection by projection)."""
@@ -221,7 +212,7 @@ def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Te
 
 
 def _attention(attn, x: Tensor, kv, keep: Optional[Tensor],
-               qkv: Optional[Tuple[Tensor, Optional[Tensor]]] = None) -> Tensor:
+               qkv: Optional[Projection] = None) -> Tensor:
     """A fairseq ``MultiheadAttention`` in inference, as one scaled_dot_product_attention call.
 
     x: (T, A, C) queries; kv: the canvas itself (T, A, C) for self-attention, or the cached

@@ -53,6 +53,7 @@ from .checkpoints import (
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
 from .hub_interface import InsertionHubInterface
+from .weights import location_logits, slot_head, slot_states
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class SlotHead(nn.Module):
                 z = z.log_softmax(-1)  # each component normalised per slot
             content = (log_pi + z).logsumexp(-2)  # (..., V)
         if not self.joint:
-            location = H.matmul(self.location_query.to(H.dtype)).float()  # (B, S)
+            location = location_logits(H, self.location_query)  # (B, S)
         elif select is None:
             location = content.logsumexp(-1)  # (B, S)
         else:
@@ -192,8 +193,8 @@ class InsertionDecoder(TransformerDecoderBase):
 
     def pair_slots(self, x: Tensor) -> Tensor:
         """Final decoder states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C):
-        each adjacent pair, concatenated and projected."""
-        return self.slot_proj(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))  # (B, T+1, C)
+        each adjacent pair, concatenated and projected (:func:`~fairseq_insertion.weights.slot_states`)."""
+        return slot_states(x, slot_head(self))  # (B, T+1, C)
 
     def forward(  # type: ignore[override]
         self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs

@@ -1,0 +1,91 @@
+"""The insertion decoder's weights as inference reads them, taken from fairseq's modules in one place.
+
+* :func:`self_attention_qkv`: a self-attention's query, key and value projections as one;
+* :func:`encoder_keys_values`: every decoder layer's encoder-attention key and value projections as one
+  (the encoder's keys and values of all layers in one product);
+* :func:`slot_head`: the slot head (adjacent final states -> slot states -> location and content scores).
+
+The cached torch path (:mod:`fairseq_insertion.fast_decoder`, the model's decoding) and the ONNX graph
+builders (:mod:`fairseq_insertion.export`) both read them from here. Torch only: no fairseq import, the
+modules are read by their attributes (``q_proj``, ``k_proj``, ``v_proj``, ``encoder_attn``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+class Projection(NamedTuple):
+    """y = x W^T + b: ``weight`` (out, in), ``bias`` (out,) or None (as ``F.linear`` takes them)."""
+
+    weight: Tensor
+    bias: Optional[Tensor]
+
+
+def fuse(linears: Sequence[nn.Linear]) -> Projection:
+    """Linear maps of one input stacked into one (inference, no gradient): their outputs side by side, in
+    order; a missing bias is zeros where another has one, and the bias is None where none has."""
+    with torch.no_grad():
+        weight = torch.cat([p.weight for p in linears])  # (sum out, in)
+        if all(p.bias is None for p in linears):
+            return Projection(weight, None)
+        bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in linears])
+    return Projection(weight, bias)
+
+
+def self_attention_projections(attn: nn.Module) -> List[nn.Linear]:
+    """A fairseq ``MultiheadAttention``'s q, k and v projections, in the order :func:`self_attention_qkv`
+    stacks them."""
+    return [attn.q_proj, attn.k_proj, attn.v_proj]
+
+
+def self_attention_qkv(attn: nn.Module) -> Projection:
+    """A fairseq ``MultiheadAttention``'s q, k and v projections as one: weight (3C, C), rows q, k, v. The
+    query scaling is not folded in (the attention call applies it)."""
+    return fuse(self_attention_projections(attn))
+
+
+def encoder_attention_projections(layers: Sequence[nn.Module]) -> List[nn.Linear]:
+    """The encoder-attention key and value projections of ``layers``, in the order
+    :func:`encoder_keys_values` stacks them: k_0, v_0, k_1, v_1, ..."""
+    return [p for layer in layers for p in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
+
+
+def encoder_keys_values(layers: Sequence[nn.Module]) -> Projection:
+    """Every decoder layer's encoder-attention k and v projections as one: weight (L 2C, C_enc), rows
+    k_0, v_0, k_1, v_1, ...: encoder states (.., C_enc) -> (.., L, 2, heads, head dim)."""
+    return fuse(encoder_attention_projections(layers))
+
+
+class SlotHeadWeights(NamedTuple):
+    """The slot head of an insertion decoder.
+
+    ``pair``: adjacent final decoder states, concatenated (.., 2C) -> the slot state (.., C);
+    ``location_query``: q (C,), p(l) = softmax(H q) (None: the joint head, whose location scores are its
+    content's); ``output``: a slot state -> its vocabulary scores, weight (V, C), p(c | l) = softmax(h W^T).
+    ``pair`` and ``output`` are the modules themselves (int8 dynamic quantization replaces them by
+    quantized ones, which the torch path calls the same way)."""
+
+    pair: nn.Module
+    location_query: Optional[Tensor]
+    output: nn.Module
+
+
+def slot_head(decoder: nn.Module) -> SlotHeadWeights:
+    """The slot head of an insertion decoder (``slot_proj``, ``head.location_query``, ``output_projection``)."""
+    head = decoder.head
+    return SlotHeadWeights(decoder.slot_proj, None if head is None else head.location_query, decoder.output_projection)
+
+
+def slot_states(x: Tensor, head: SlotHeadWeights) -> Tensor:
+    """Final decoder states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C): each adjacent pair,
+    concatenated (B, T+1, 2C) and projected by ``head.pair``."""
+    return head.pair(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))
+
+
+def location_logits(H: Tensor, location_query: Tensor) -> Tensor:
+    """Slot states H (B, S, C) -> the factorized head's location logits H q (B, S), in fp32."""
+    return H.matmul(location_query.to(H.dtype)).float()
