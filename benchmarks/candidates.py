@@ -17,6 +17,7 @@ by sentence BLEU: a ceiling, not a decode).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -25,9 +26,8 @@ from typing import Callable, NamedTuple
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesDetokenizer
 
-from examples.generate_output import read_reference, remove_bpe
+from examples.generate_output import GenerateOutput, detokenized, read_reference
 from examples.steps import closest_candidates
 
 from . import harness as H
@@ -80,16 +80,11 @@ Sentences = list[list[Candidate]]  # per sentence, its candidates (one per beta;
 def load(path: Path, lang: str) -> Sentences:
     """A collection's candidates, their text detokenised as the references are (``lang``; ``none``: the words
     joined by spaces)."""
-    detok = MosesDetokenizer(lang=lang) if lang != "none" else None
     data = json.loads(path.read_text())
-    texts: dict[str, str] = {}
-
-    def text(pieces: str) -> str:
-        if pieces not in texts:
-            words = remove_bpe(pieces).split()
-            texts[pieces] = detok.detokenize(words, unescape=False) if detok else " ".join(words)
-        return texts[pieces]
-    return [[Candidate(b, text(p), len(p.split()) + 1, m, t) for b, p, m, t, _ in cs] for cs in data["candidates"]]
+    pieces = sorted({p for cs in data["candidates"] for _, p, *_ in cs})  # each text detokenised once
+    texts = dict(zip(pieces, detokenized(GenerateOutput(hypotheses=dict(enumerate(pieces))),
+                                         None if lang == "none" else lang)))
+    return [[Candidate(b, texts[p], len(p.split()) + 1, m, t) for b, p, m, t, _ in cs] for cs in data["candidates"]]
 
 
 def subset(sentences: Sentences, betas: tuple[float, ...]) -> Sentences:
@@ -101,6 +96,7 @@ def pooled(*collections: Sentences) -> Sentences:
 
 
 Chooser = Callable[[list[Candidate]], int]
+Utility = Callable[[str, str], float]  # agreement of a hypothesis with a reference, 0-1
 
 
 def by_score(key: Callable[[Candidate], float]) -> Chooser:
@@ -111,18 +107,10 @@ def normalised(lenpen: float, teacher: float, model: float) -> Callable[[Candida
     return lambda c: (teacher * c.teacher + model * c.model) / c.length ** lenpen
 
 
-class Utility:
+def utility(metric: str) -> Utility:
     """Sentence-level agreement of two texts (sacreBLEU's chrF or BLEU), cached."""
-
-    def __init__(self, metric: str):
-        self.metric = CHRF() if metric == "chrf" else BLEU(effective_order=True)
-        self.cache: dict[tuple[str, str], float] = {}
-
-    def __call__(self, hyp: str, ref: str) -> float:
-        key = (hyp, ref)
-        if key not in self.cache:
-            self.cache[key] = self.metric.sentence_score(hyp, [ref]).score / 100 if hyp != ref else 1.0
-        return self.cache[key]
+    scorer = CHRF() if metric == "chrf" else BLEU(effective_order=True)
+    return functools.cache(lambda hyp, ref: scorer.sentence_score(hyp, [ref]).score / 100 if hyp != ref else 1.0)
 
 
 def mbr(utility: Utility, weight: float = 0.0, lenpen: float = 1.0, temperature: float = 0.0) -> Chooser:
@@ -154,7 +142,7 @@ def oracle(sentences: Sentences, refs: list[str]) -> float:
 
 def choosers() -> dict[str, dict[str, Chooser]]:
     """Each chooser's settings, by name: the setting is chosen on valid."""
-    chrf, bleu = Utility("chrf"), Utility("bleu")
+    chrf, bleu = utility("chrf"), utility("bleu")
     lenpens = (0.5, 1.0, 1.5, 2.0, 3.0)
     return {
         "model": {f"lenpen {lp}": by_score(normalised(lp, 0.0, 1.0)) for lp in lenpens},
@@ -206,14 +194,12 @@ def choose(valid: dict[str, Sentences], test: dict[str, Sentences], valid_refs: 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.candidates", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("collect")
-    c.add_argument("--insertion", type=Path, required=True)
-    c.add_argument("--teacher", type=Path, required=True)
-    c.add_argument("--data-bin", type=Path, required=True)
+    needed = {"required": True}
+    c = T.flags(sub.add_parser("collect"), insertion=needed, teacher=needed, data_bin=needed)
     c.add_argument("--split", default="valid")
     c.add_argument("--betas", default=",".join(map(str, GRID)))
     c.add_argument("--batch", type=int, default=32)
-    c.add_argument("--threads", type=int, default=1)
+    T.flags(c, threads=1)
     c.add_argument("--branch", type=int, default=1, help="decode from each of the K best first insertions too "
                    "(--first-insertions K; beta recorded + 100 x the first insertion's rank)")
     c.add_argument("--out", type=Path, required=True)
@@ -226,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--choosers", nargs="*", default=None)
     h.add_argument("--valid-ref", type=Path, required=True)
     h.add_argument("--test-ref", type=Path, required=True)
-    h.add_argument("--lang", default="de")
+    T.flags(h, lang="de")
     h.add_argument("--teacher-greedy", type=float, default=34.72, help="the teacher's greedy test BLEU")
     h.add_argument("--reuse", type=Path, help="an earlier choose's JSON on the same collections: its rows are "
                    "kept for the candidate sets it has")
@@ -245,31 +231,24 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result) + "\n")
         return 0
-    valid, test = {}, {}
-    loaded = {}
-    for item in args.collected:
-        name, prefix = item.split("=", 1)
-        loaded[name] = tuple(load(Path(f"{prefix}.{split}.json"), args.lang) for split in ("valid", "test"))
-        have = {c.beta for cs in loaded[name][1] for c in cs}
-        for s in args.sets:
-            if set(SETS[s]) <= have:  # the sets this collection holds
-                valid[f"{name} {s}"], test[f"{name} {s}"] = (subset(x, SETS[s]) for x in loaded[name])
-    for item in args.pool:
-        names, _, s = item.partition(":")
-        parts = [loaded[n] for n in names.split("+")]
-        valid[f"{names} {s or '5'}"], test[f"{names} {s or '5'}"] = (
-            pooled(*(subset(p[k], SETS[s or "5"]) for p in parts)) for k in (0, 1))
-    reuse = json.loads(args.reuse.read_text())["rows"] if args.reuse else None
-    rows = choose(valid, test, read_reference(args.valid_ref), read_reference(args.test_ref), args.choosers, reuse)
     prefixes = dict(item.split("=", 1) for item in args.collected)
+    loaded = {name: [load(Path(f"{prefix}.{split}.json"), args.lang) for split in ("valid", "test")]
+              for name, prefix in prefixes.items()}
+    sets = {f"{name} {s}": [subset(x, SETS[s]) for x in both] for name, both in loaded.items() for s in args.sets
+            if set(SETS[s]) <= {c.beta for cs in both[1] for c in cs}}  # the sets each collection holds
+    for names, _, s in (item.partition(":") for item in args.pool):
+        sets[f"{names} {s or '5'}"] = [pooled(*(subset(loaded[n][k], SETS[s or "5"]) for n in names.split("+")))
+                                       for k in (0, 1)]
+    reuse = json.loads(args.reuse.read_text())["rows"] if args.reuse else None
+    rows = choose({k: v for k, (v, _) in sets.items()}, {k: t for k, (_, t) in sets.items()},
+                  read_reference(args.valid_ref), read_reference(args.test_ref), args.choosers, reuse)
     names = T.placeholders({"OUT": args.out.parent, "DATA": args.valid_ref.parent,
                             "COLLECTED": Path(next(iter(prefixes.values()))).parent})
-    made = {name: Path(json.loads(Path(prefix + ".test.json").read_text())["insertion"]) for name, prefix in
-            prefixes.items()}
-    made = {name: f"MODELS/{p.parent.name}/{p.name}" for name, p in made.items()}  # the kit's, or a new model's
-    results = {**T.record("benchmarks.candidates", argv if argv is not None else sys.argv[1:], names),
+    made = {name: json.loads(Path(prefix + ".test.json").read_text())["insertion"] for name, prefix in prefixes.items()}
+    results = {**T.record("benchmarks.candidates", sys.argv[1:] if argv is None else argv, names),
                "teacher_greedy_test": args.teacher_greedy, "sets": {k: list(v) for k, v in SETS.items()},
-               "collections": made, "seeds": args.seeds, "rows": rows}
+               "collections": {name: "MODELS/" + "/".join(Path(p).parts[-2:]) for name, p in made.items()},  # the kit's
+               "seeds": args.seeds, "rows": rows}
     T.save(args.out.with_suffix(".json"), results, markdown, names)
     return 0
 

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from examples.generate_output import GenerateOutput, read_reference, score
+
 from . import report as T
 
 OPTIONS = {"decoding": "parallel", "block_neighbour_copies": True, "no_repeat_ngram_size": 3}
@@ -86,19 +88,12 @@ def run_variant(args: argparse.Namespace, variant: dict, precision: str, batch: 
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def bleu(path: Path, references: list[str], lang: str) -> float:
-    from sacrebleu.metrics import BLEU
-    from sacremoses import MosesDetokenizer
-
-    detok = MosesDetokenizer(lang=lang)
-    lines = [detok.detokenize((h + " ").replace("@@ ", "").split(), unescape=False)
-             for h in path.read_text(encoding="utf-8").splitlines()]
-    return round(BLEU().corpus_score(lines, [references[:len(lines)]]).score, 2)
+def bleu(path: Path, references: list[str], lang: str | None) -> float:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return round(score(GenerateOutput(hypotheses=dict(enumerate(lines))), references[:len(lines)], lang)["bleu"], 2)
 
 
 def measure(args: argparse.Namespace, results: dict) -> None:
-    from examples.generate_output import read_reference
-
     references = read_reference(args.ref)
     a, b = results["variants"]
     for precision in args.precisions:
@@ -140,15 +135,8 @@ def markdown(results: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = T.parser("benchmarks.checkouts", __doc__)
     p.add_argument("--variant", action="append", default=[], help="NAME=CHECKOUT[:key=value,...], twice")
-    p.add_argument("--insertion", type=Path, help="the insertion model's checkpoint")
-    p.add_argument("--data-bin", type=Path, help="its data-bin, with the test split")
-    p.add_argument("--ref", type=Path, help="the raw references")
-    p.add_argument("--lang", default="de", help="the Moses detokeniser's language")
-    p.add_argument("--eos-penalty", type=float, default=3.5)
-    p.add_argument("--sentences", type=int, default=300, help="the first N test sentences (0: all)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 128])
-    p.add_argument("--precisions", nargs="+", choices=("fp32", "int8"), default=["fp32", "int8"])
-    return p
+    return T.flags(p, insertion=None, data_bin=None, ref=None, lang="de", eos_penalty=3.5, sentences=300,
+                   batches=[1, 128], precisions=["fp32", "int8"])
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> tuple:

@@ -29,8 +29,8 @@ ROOM = {"max_len_a": 2.0, "max_len_b": 50}  # the teacher's constrained beam sea
 
 def inputs(args: argparse.Namespace, split: str, constrained: bool) -> H.Inputs:
     targets = [" ".join(p) for p in H.pieces(args.data_bin, split, 1)]
-    return H.Inputs(H.pieces(args.data_bin, split), read_reference(args.refs / f"{split}.tgt"),
-                    draw(targets, args.seed, 3) if constrained else None)
+    return H.inputs(args.data_bin, split, args.refs / f"{split}.tgt")._replace(
+        constraints=draw(targets, args.seed, 3) if constrained else None)
 
 
 def teacher(name: str, args: argparse.Namespace, beam: int, constrained: bool) -> H.System:
@@ -107,13 +107,8 @@ def measure(args: argparse.Namespace, where: H.Where, results: dict) -> None:
     results["systems"] = list(rows.values())
     results["parity"] = [  # the runtime's hypotheses against the PyTorch generator's, the same options
         {"a": s.name, "b": chosen["as"], "batch": batch, "mean_length": sum(len(h.split()) for h in hyps[s.name, batch])
-         / max(len(hyps[s.name, batch]), 1), **same_hypotheses(hyps[s.name, batch], hyps[chosen["as"], batch])}
+         / max(len(hyps[s.name, batch]), 1), **H.agreement(hyps[s.name, batch], hyps[chosen["as"], batch])}
         for s, chosen in systems if s.engine == "runtime" for batch in (1, 128)]
-
-
-def same_hypotheses(a: list[str], b: list[str]) -> dict:
-    same = sum(map(str.__eq__, a, b))
-    return {"identical": same, "sentences": len(a), "rate": round(same / max(len(a), 1), 4)}
 
 
 def add_targets(results: dict) -> None:
@@ -162,17 +157,15 @@ def markdown(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = T.parser("benchmarks.constrained", __doc__)
-    p.add_argument("--teacher", type=Path, help="the fairseq Transformer (constrained beam search, the reranker)")
-    p.add_argument("--data-bin", type=Path, help="the teacher's data-bin (dictionaries, valid and test)")
+    p = T.parser("benchmarks.constrained", __doc__, threads=1, betas=[2.0, 3.0, 4.0, 5.0], teacher={
+        "help": "the fairseq Transformer (constrained beam search, the reranker)"}, data_bin={
+        "help": "the teacher's data-bin (dictionaries, valid and test)"})
     p.add_argument("--refs", type=Path, help="the raw references: REFS/valid.tgt and REFS/test.tgt")
     p.add_argument("--insertion", type=Path, nargs="+", help="insertion checkpoints (rows named by their directory)")
     p.add_argument("--quality-only", action="store_true", help="no seconds (one round)")
-    p.add_argument("--betas", type=float, nargs="+", default=[2.0, 3.0, 4.0, 5.0], help="EOS penalties tried")
     p.add_argument("--candidates", nargs="*", default=["2,3,4", "1,2,3,4,5", "0,1,2,3,4,5,6"],
                    help="candidate EOS penalty sets tried for the reranked decode (none: no reranked systems)")
     p.add_argument("--constrained-only", action="store_true", help="the constrained systems alone")
-    p.add_argument("--threads", type=int, default=1, help="threads of every engine (default 1)")
     p.add_argument("--lenpens", type=float, nargs="+", default=[1.0, 2.0], help="--lenpen values tried")
     p.add_argument("--seed", type=int, default=1, help="constraint drawing seed (default 1)")
     return p

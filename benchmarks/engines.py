@@ -29,25 +29,23 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
     for the runtime and PyTorch: the recipes' repetition rules); with ``candidates`` (the runtime's options:
     ``eos_penalties``, ``lenpen``, ``rerank_weight``), also the runtime's candidates ordered by the teacher
     exported as its scorer, against the teacher's beam search (beam 5)."""
-    S, rules = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}
-    scored = (candidates or {}).get("scorer", True)
+    S, rules, both = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}, ("fp32", "int8")
     chosen = {**rules, **{k: v for k, v in (candidates or {}).items() if k != "scorer"},
-              "scorer": str(teacher) if teacher and scored else None}
-    beam = [S("teacher_ctranslate2_fp32_beam5", teacher, "ctranslate2", {"precision": "fp32", "beam": 5}),
-            S("teacher_ctranslate2_int8_beam5", teacher, "ctranslate2", {"precision": "int8", "beam": 5}),
-            S("insertion_runtime_fp32_candidates", insertion, "runtime", {"decoding": "parallel", "precision": "fp32",
-                                                                           **chosen}),
-            S("insertion_runtime_int8_candidates", insertion, "runtime", {"decoding": "parallel", "precision": "int8",
-                                                                           **chosen})] if candidates else []
-    found = [S("teacher_ctranslate2_fp32", teacher, "ctranslate2", {"precision": "fp32"}),
-             S("teacher_ctranslate2_int8", teacher, "ctranslate2", {"precision": "int8"}),
+              "scorer": str(teacher) if teacher and (candidates or {}).get("scorer", True) else None}
+    found = [*(S(f"teacher_ctranslate2_{p}", teacher, "ctranslate2", {"precision": p}) for p in both),
              S("teacher_fairseq_fp32", teacher, "fairseq", {"beam": 1}),
-             S("insertion_runtime_fp32", insertion, "runtime", {"decoding": "parallel", "precision": "fp32", **rules}),
-             S("insertion_runtime_int8", insertion, "runtime", {"decoding": "parallel", "precision": "int8", **rules}),
+             *(S(f"insertion_runtime_{p}", insertion, "runtime", {"decoding": "parallel", "precision": p, **rules})
+               for p in both),
              S("insertion_pytorch_fp32", insertion, "fairseq", {"decoding": "parallel", **rules}),
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
-             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules}), *beam]
+             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules})]
+    if candidates:
+        found += [*(S(f"teacher_ctranslate2_{p}_beam5", teacher, "ctranslate2", {"precision": p, "beam": 5})
+                    for p in both),
+                  *(S(f"insertion_runtime_{p}_candidates", insertion, "runtime", {"decoding": "parallel",
+                                                                                 "precision": p, **chosen})
+                    for p in both)]
     return {s.name: s for s in found}
 
 
@@ -141,10 +139,8 @@ def raw_text(args: argparse.Namespace, engine: H.Engine, hyps: dict[str, list[st
     got = engine.translator.translate_text(lines, max_batch_size=batch, preprocessing=settings, **engine.options)
     pieces = [detokenize(h.split(), settings) for h in hyps[row_name("insertion_runtime_fp32", threads, batch)]]
     bleu = lambda outs: round(BLEU().corpus_score(outs, [inputs.references]).score, 2)  # noqa: E731
-    same = sum(map(str.__eq__, got, pieces))
-    return {"batch": batch, "threads": threads, "identical": same, "sentences": len(got),
-            "rate": round(same / max(len(got), 1), 4), "bleu_raw_text": bleu(got), "bleu_data_bin": bleu(pieces),
-            "mean_length": sum(len(x.split()) for x in got) / max(len(got), 1)}
+    return {"batch": batch, "threads": threads, **H.agreement(got, pieces), "bleu_raw_text": bleu(got),
+            "bleu_data_bin": bleu(pieces), "mean_length": sum(len(x.split()) for x in got) / max(len(got), 1)}
 
 
 def best_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
@@ -226,16 +222,9 @@ def markdown(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = T.parser("benchmarks.engines", __doc__)
-    p.add_argument("--teacher", type=Path, help="the teacher checkpoint")
-    p.add_argument("--data-bin", type=Path, help="its data-bin, with the test split")
-    p.add_argument("--insertion", type=Path, help="the insertion model's checkpoint (same dictionaries)")
-    p.add_argument("--ref", type=Path, help="the raw references (one line per test sentence)")
-    p.add_argument("--lang", default="de", help="the Moses detokeniser's language; 'none': no detokeniser")
-    p.add_argument("--eos-penalty", type=float, default=3.0, help="the insertion model's EOS penalty (default 3)")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 128], help="batch sizes (default 1 8 128)")
-    p.add_argument("--sentences", type=int, default=0, help="the first N sentences only (default 0: all)")
+    threads = {"nargs": "+", "default": [1, 2], "help": "thread counts (default %(default)s)"}
+    p = T.parser("benchmarks.engines", __doc__, teacher=None, data_bin=None, insertion=None, ref=None, lang="de",
+                 eos_penalty=3.0, threads=threads, batches=[1, 8, 128], sentences=0)
     p.add_argument("--raw-source", type=Path, help="the raw test sources (DATA/raw/test.src): a row of "
                    "translate_text on them against the data-bin path, with --bpe-codes")
     p.add_argument("--bpe-codes", type=Path, help="the data-bin's subword-nmt codes (KIT/bpe.codes; none: no BPE)")
@@ -256,19 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> tuple:
-    args.lang = None if args.lang == "none" else args.lang
     names = T.placeholders({"DATA-BIN": args.data_bin, "KIT": args.teacher.parent,
                             "INS": args.insertion.parent, "DATA": args.ref.parent, "OUT": args.out,
                             **({"CODES": args.bpe_codes.parent} if args.bpe_codes and args.bpe_codes.parent.resolve()
                                != args.teacher.parent.resolve() else {})})
-    sources = H.pieces(args.data_bin, "test", 0, args.sentences)
-    refs = read_reference(args.ref)[:len(sources)]
+    inputs = H.inputs(args.data_bin, "test", args.ref, args.sentences)
     results = {**T.record("benchmarks.engines", argv, names, modules=("ctranslate2", "onnxruntime", "numpy")),
                "thread_counts": args.threads, "batches": sorted(set(args.batches)), "rounds": args.rounds,
-               "test_set": f"{args.ref.name} (test split of the data-bin)", "sentences": len(sources),
+               "test_set": f"{args.ref.name} (test split of the data-bin)", "sentences": len(inputs.sources),
                "eos_penalty": args.eos_penalty, "candidates": candidates(args), "rows": [], "notes": []}
     args.batches = results["batches"]
-    hyps = measure(args, H.Where(args.data_bin, args.out), H.Inputs(sources, refs), results)
+    hyps = measure(args, H.Where(args.data_bin, args.out), inputs, results)
     compare(results, hyps)
     (args.out / "hyps").mkdir(parents=True, exist_ok=True)
     for name, lines in hyps.items():

@@ -23,7 +23,7 @@ from fairseq.models.nat.insertion_transformer import InsertionTransformerModel a
 from fairseq.token_generation_constraints import pack_constraints
 
 import fairseq_insertion  # noqa: F401  the plugin's task, model and torch's safe globals
-from examples.generate_output import GenerateOutput, score
+from examples.generate_output import GenerateOutput, read_reference, score
 from examples.steps import choose_eos_penalty, language_pair
 from fairseq_insertion.config import DecodingConfig
 from fairseq_insertion.export import export
@@ -72,6 +72,18 @@ def pieces(data_bin: Path, split: str, side: int = 0, n: int = 0) -> list[list[s
     d = Dictionary.load(str(data_bin / f"dict.{pair[side]}.txt"))
     ds = data_utils.load_indexed_dataset(str(data_bin / f"{split}.{pair[0]}-{pair[1]}.{pair[side]}"), d)
     return [[d[i] for i in ds[k].tolist() if i != d.eos()] for k in range(min(n or len(ds), len(ds)))]
+
+
+def inputs(data_bin: Path, split: str, references: Path | None = None, n: int = 0) -> Inputs:
+    """The first ``n`` sentences (0: all) of ``split`` and their raw references (none: empty lines)."""
+    sources = pieces(data_bin, split, 0, n)
+    return Inputs(sources, read_reference(references)[:len(sources)] if references else [""] * len(sources))
+
+
+def agreement(a: list[str], b: list[str]) -> dict:
+    """How many hypotheses of ``a`` equal ``b``'s, of how many sentences, and the rate."""
+    same = sum(map(str.__eq__, a, b))
+    return {"identical": same, "sentences": len(a), "rate": round(same / max(len(a), 1), 4)}
 
 
 def schedule(sources: list[list[str]], batch: int) -> list[list[int]]:
@@ -201,10 +213,12 @@ class Timed(NamedTuple):
     passes: int
 
 
-def decode(engine: Engine, inputs: Inputs, batches: list[list[int]]) -> tuple[list[Output], float, int]:
+def decode(engine: Engine, inputs: Inputs, batches: list[list[int]], burn_in: bool = True
+           ) -> tuple[list[Output], float, int]:
     """(outputs in line order, seconds, passes) of one decode of every batch, after a burn-in batch."""
     pick = (lambda idx: [inputs.constraints[i] for i in idx]) if inputs.constraints else (lambda idx: None)
-    engine.translate([inputs.sources[i] for i in batches[0]], pick(batches[0]))
+    if burn_in:
+        engine.translate([inputs.sources[i] for i in batches[0]], pick(batches[0]))
     gc.collect()
     outputs: list[Output] = [Output([])] * len(inputs.sources)
     passes, start = engine.passes(), time.perf_counter()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,11 +26,6 @@ TOP = 14  # operators in the table
 def system(args: argparse.Namespace, precision: str) -> H.System:
     return H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", {
         "decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION})
-
-
-def read_trace(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def graph_profile(events: list[dict]) -> dict:
@@ -51,31 +45,25 @@ def profiled(engine: H.Runtime, inputs: H.Inputs, batch: int, prefix: Path, thre
 
     plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix))
     try:  # every batch once, no burn-in: the profiler sees what the clock sees
-        start = time.perf_counter()
-        for idx in H.schedule(inputs.sources, batch):
-            engine.translate([inputs.sources[i] for i in idx])
-        seconds = time.perf_counter() - start
+        _, seconds, _ = H.decode(engine, inputs, H.schedule(inputs.sources, batch), burn_in=False)
         paths = engine.translator.end_profiling()
     finally:
         engine.translator = plain
-    enc, dec = (graph_profile(read_trace(paths[g])) for g in ("encoder", "pass"))
-    passes = dec["runs"]
-    wall = seconds * 1e6
+    enc, dec = (graph_profile(json.loads(Path(paths[g]).read_text(encoding="utf-8"))) for g in ("encoder", "pass"))
+    wall, ops = seconds * 1e6, dec["by_op"].items()
     share = lambda us: round(us / wall, 3)  # noqa: E731
-    return {"seconds": round(seconds, 3), "passes": passes, "pass_graph_nodes": dec["nodes"],
+    return {"seconds": round(seconds, 3), "passes": dec["runs"], "pass_graph_nodes": dec["nodes"],
             "share_pass_kernels": share(dec["kernel_us"]), "share_pass_between_kernels": share(dec["run_us"] -
                                                                                               dec["kernel_us"]),
-            "share_encoder": share(enc["run_us"]), "share_outside_onnxruntime": share(wall - dec["run_us"] -
-                                                                                        enc["run_us"]),
-            "pass_kernel_share_by_op": {op: round(us / max(dec["kernel_us"], 1), 3) for op, us in dec["by_op"].items()},
-            "pass_kernel_us_per_pass_by_op": {op: round(us / max(dec["runs"], 1), 1) for op, us in
-                                              dec["by_op"].items()}}
+            "share_encoder": share(enc["run_us"]),
+            "share_outside_onnxruntime": share(wall - dec["run_us"] - enc["run_us"]),
+            "pass_kernel_share_by_op": {op: round(us / max(dec["kernel_us"], 1), 3) for op, us in ops},
+            "pass_kernel_us_per_pass_by_op": {op: round(us / max(dec["runs"], 1), 1) for op, us in ops}}
 
 
 def measure(args: argparse.Namespace, results: dict) -> None:
     where = H.Where(args.data_bin, args.out)
-    sources = H.pieces(args.data_bin, "test", 0, args.sentences)
-    inputs = H.Inputs(sources, [""] * len(sources))
+    inputs = H.inputs(args.data_bin, "test", n=args.sentences)
     for precision in args.precisions:
         engine = H.Runtime(system(args, precision), where)
         engine.load(args.threads)
@@ -88,7 +76,7 @@ def measure(args: argparse.Namespace, results: dict) -> None:
                 "label": args.label, "precision": precision, "batch": batch, "seconds": round(seconds, 3),
                 "seconds_by_round": [round(x, 3) for x in timed.seconds], "passes": timed.passes,
                 "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
-                "passes_per_sentence": round(timed.passes / len(sources), 3),
+                "passes_per_sentence": round(timed.passes / len(inputs.sources), 3),
                 "profiled": profiled(engine, inputs, batch, prefix, args.threads)})
 
 
@@ -114,16 +102,9 @@ def markdown(results: dict) -> str:
     return "\n".join(lines + T.notes(results)) + "\n"
 
 
-
 def build_parser() -> argparse.ArgumentParser:
-    p = T.parser("benchmarks.passes", __doc__)
-    p.add_argument("--insertion", type=Path, help="the insertion model's checkpoint")
-    p.add_argument("--data-bin", type=Path, help="its data-bin, with the test split")
-    p.add_argument("--eos-penalty", type=float, default=3.5, help="the EOS penalty (default 3.5)")
-    p.add_argument("--sentences", type=int, default=200, help="the first N test sentences (default 200)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 128], help="batch sizes (default 1 128)")
-    p.add_argument("--precisions", nargs="+", choices=("fp32", "int8"), default=["fp32", "int8"])
-    p.add_argument("--threads", type=int, default=1, help="onnxruntime's threads (default 1)")
+    p = T.parser("benchmarks.passes", __doc__, insertion=None, data_bin=None, eos_penalty=3.5, sentences=200,
+                 batches=[1, 128], precisions=["fp32", "int8"], threads=1)
     p.add_argument("--label", default="now", help="the rows' label (the code measured)")
     return p
 

@@ -91,8 +91,7 @@ def resolve(s: H.System, args: argparse.Namespace) -> H.System:
 
 def measure(systems: list[H.System], args: argparse.Namespace, where: H.Where) -> list[dict]:
     """Every system swept on valid, then timed at batch 128 and 1, taking turns: its row."""
-    load = lambda split: H.Inputs(H.pieces(where.data_bin, split), read_reference(args.data / "raw" / f"{split}.tgt"))  # noqa: E731
-    valid, test = load("valid"), load("test")
+    valid, test = (H.inputs(where.data_bin, split, args.data / "raw" / f"{split}.tgt") for split in ("valid", "test"))
     rows, engines = {}, {}
     for s in systems:
         if not (found := resolve(s, args)).checkpoint or not found.checkpoint.is_file():
@@ -162,11 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, help="prepare.py's --out (data-bin, raw references)")
     p.add_argument("--set", nargs="+", choices=list(SETS), default=["main"], dest="sets", help="default main")
     p.add_argument("--systems", nargs="+", help="only these systems of the sets")
-    p.add_argument("--teacher", type=Path, help="the kit's teacher (--set table; the reranker)")
+    T.flags(p, teacher={"help": "the kit's teacher (--set table; the reranker)"}, betas=[0.0, 1.0, 2.0, 3.0], threads=2)
     p.add_argument("--warm-model", type=Path, help="the kit's warm-started insertion model (--set table)")
-    p.add_argument("--betas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0], help="EOS penalties tried")
     p.add_argument("--batch1-sentences", type=int, default=100, help="batch 1 on the first N test sentences")
-    p.add_argument("--threads", type=int, default=2, help="torch's threads")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     p.add_argument("--note", action="append", default=[], help="a note for the results (repeatable)")
     return p

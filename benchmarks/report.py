@@ -136,15 +136,39 @@ def save(path: Path, results: dict, markdown: Callable[[dict], str], names: dict
     return text
 
 
-def parser(prog: str, doc: str) -> argparse.ArgumentParser:
-    """A comparison's command line: ``--out``, ``--render``, ``--rounds`` and ``--profile`` to begin with."""
+FLAGS = {  # the comparisons' common flags, each given its default by the comparison (or keywords over these)
+    "teacher": {"type": Path, "help": "the teacher checkpoint"},
+    "insertion": {"type": Path, "help": "the insertion model's checkpoint (same dictionaries)"},
+    "data_bin": {"type": Path, "help": "its data-bin, with the split decoded"},
+    "ref": {"type": Path, "help": "the raw references (one line per test sentence)"},
+    "lang": {"help": "the Moses detokeniser's language (default %(default)s; none: no detokeniser)"},
+    "eos_penalty": {"type": float, "help": "the insertion model's EOS penalty (default %(default)s)"},
+    "sentences": {"type": int, "help": "the first N test sentences (0: all; default %(default)s)"},
+    "batches": {"type": int, "nargs": "+", "help": "batch sizes (default %(default)s)"},
+    "precisions": {"nargs": "+", "choices": ("fp32", "int8"), "help": "the runtime's precisions (default %(default)s)"},
+    "threads": {"type": int, "help": "the engines' threads (default %(default)s)"},
+    "betas": {"type": float, "nargs": "+", "help": "EOS penalties tried (default %(default)s)"},
+}
+
+
+def flags(p: argparse.ArgumentParser, **given) -> argparse.ArgumentParser:
+    """:data:`FLAGS` on ``p``, each by name with its default (a dict: keywords over the flag's own)."""
+    for name, value in given.items():
+        p.add_argument(f"--{name.replace('_', '-')}", **{**FLAGS[name], **(
+            value if isinstance(value, dict) else {"default": value})})
+    return p
+
+
+def parser(prog: str, doc: str, **given) -> argparse.ArgumentParser:
+    """A comparison's command line: ``--out``, ``--render``, ``--rounds`` and ``--profile`` to begin with, then
+    the :data:`FLAGS` ``given``."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.splitlines()[0], epilog=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="where the results go")
     p.add_argument("--render", type=Path, metavar="JSON", help="write the table again from JSON, beside it")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds, the systems taking turns (default 3)")
     p.add_argument("--profile", action="store_true", help="also one decode of each under torch's profiler")
-    return p
+    return flags(p, **given)
 
 
 def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, markdown: Callable[[dict], str],
@@ -153,6 +177,7 @@ def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, markdown: 
     written with the table (the paths ``needed`` must exist); ``--render JSON``: the table again, beside it."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.lang = None if getattr(args, "lang", None) == "none" else getattr(args, "lang", None)
     for flag in () if args.render else needed:
         paths = getattr(args, flag) if isinstance(getattr(args, flag), list) else [getattr(args, flag)]
         if None in paths or (flag != "out" and not all(p.exists() for p in paths)):

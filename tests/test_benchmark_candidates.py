@@ -71,4 +71,4 @@ def test_the_teacher_chooser_takes_the_candidate_the_teacher_scores_best():
     # MBR: the text that agrees most with the rows (two rows of the same text weigh twice)
     rows = [C.Candidate(1.0, "x y z", 4, -1, -1), C.Candidate(2.0, "x y z", 4, -1, -1),
             C.Candidate(3.0, "x y w", 4, -1, -1)]
-    assert rows[C.mbr(C.Utility("chrf"))(rows)].text == "x y z"
+    assert rows[C.mbr(C.utility("chrf"))(rows)].text == "x y z"
