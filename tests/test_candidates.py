@@ -38,18 +38,18 @@ def test_each_candidate_is_the_decode_under_its_penalty_and_the_best_scored_come
 class _ShortestFirst:
     """A stand-in scorer that prefers short hypotheses and records what it was asked."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, pad: int):
+        self.calls, self.pad = [], pad
 
-    def score(self, src_tokens, src_lengths, hyps, per_source):
-        self.calls.append((src_tokens.size(0), len(hyps), per_source))
-        return -torch.tensor([float(len(h)) for h in hyps])
+    def log_probs(self, src_tokens, src_lengths, target, per_source):
+        self.calls.append((src_tokens.size(0), target.size(0), per_source))
+        return -target.ne(self.pad).sum(1).float() ** 2  # normalised by (n + 1): -(n + 1)
 
 
 def test_rerank_chooses_the_candidate_the_scorer_likes_best_in_one_call():
     d = make_dict()
     targets = random_targets(d, [4, 9], seed=6)
-    scorer = _ShortestFirst()
+    scorer = _ShortestFirst(d.pad())
     hypos = InsertionGenerator(d, eos_penalties=BETAS, rerank=scorer).generate(
         [OracleModel(d, targets, eos_bonus=1.5)], batch_for(d, targets))
     assert scorer.calls == [(len(targets), len(targets) * len(BETAS), len(BETAS))]  # one batch, sources once
