@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from . import loop as L
+from .config import TERMINATIONS
 
 ORDERS = ("left_to_right", "binary_tree", "uniform")
-TERMINATIONS = ("slot", "sequence")
 
 
 def log2_bound(n: int | Tensor) -> int | Tensor:

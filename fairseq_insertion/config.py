@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 PRECISIONS = ("fp32", "bf16", "int8")
+# how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
+TERMINATIONS = ("slot", "sequence")
 
 DECODINGS = ("parallel", "greedy")
 CONSTRAINT_ORDERS = ("ordered", "unordered")

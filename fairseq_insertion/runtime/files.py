@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
+from ..config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
 from ..preprocess import PreprocessError, Preprocessing
 
 # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values; 3: candidates' options
@@ -30,7 +30,6 @@ SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates 
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
-TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
