@@ -59,9 +59,7 @@ from torch import nn
 
 from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
-from .fast_decoder import cacheable
-from .loop import word_edge_table
-from .runtime.files import (
+from .export_format import (
     BPE_CODES,
     CHECKED,
     ENCODER,
@@ -69,10 +67,13 @@ from .runtime.files import (
     PASS,
     SCORER,
     SETTINGS,
+    SPECIAL_IDS,
     VOCABS,
     file_digests,
     source_names,
 )
+from .fast_decoder import cacheable
+from .loop import word_edge_table
 
 logger = logging.getLogger(__name__)
 
@@ -464,8 +465,8 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> 
         "format_version": FORMAT_VERSION,
         "model": {
             "termination": model.termination,
-            "bos": tgt.bos(), "eos": tgt.eos(), "pad": tgt.pad(), "unk": tgt.unk(),
-            "source": {"bos": src.bos(), "eos": src.eos(), "pad": src.pad(), "unk": src.unk()},
+            **{key: getattr(tgt, key)() for key in SPECIAL_IDS},
+            "source": {key: getattr(src, key)() for key in SPECIAL_IDS},
             "max_source_positions": int(model.encoder.max_positions()),
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
