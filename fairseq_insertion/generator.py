@@ -3,7 +3,7 @@
 The loop (:func:`fairseq_insertion.loop.run`, shared with the deployment
 runtime) starts from the empty canvas ``[bos, eos]`` (or, with hard
 constraints, from a canvas that holds them, with the slots inside a constraint
-closed: see :func:`canvas.constraint_canvas`) and repeats one step per pass:
+closed: see :func:`decoding.constraint_canvas`) and repeats one step per pass:
 
 * predict: the model scores the open slots of every active canvas
   (:meth:`InsertionGenerator._predict`, the torch side), reusing the encoder's keys and values;
@@ -32,8 +32,18 @@ from torch import Tensor
 
 from . import canvas as C
 from . import loop as L
-from .canvas import TORCH, InitialCanvas
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, WordEdges, start_canvases
+from .decoding import (
+    CONSTRAINT_ORDERS,
+    DECODINGS,
+    TORCH,
+    DecodingConfig,
+    InitialCanvas,
+    WordEdges,
+    constraint_canvas,
+    first_occurrence,
+    order_segments,
+    start_canvases,
+)
 from .loop import Canvases, SlotScores
 
 logger = logging.getLogger(__name__)
@@ -104,7 +114,7 @@ class InsertionGenerator:
     Repetition (off by default): ``block_neighbour_copies`` stops a slot from
     inserting a copy of either of its neighbours; ``no_repeat_ngram_size`` n
     stops it from inserting a token that makes an n-gram of the canvas occur
-    twice (see :func:`canvas.repeated_tokens`). End-of-slot is never blocked.
+    twice (see :func:`loop.repeated_tokens`). End-of-slot is never blocked.
     The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
     model's maximum target positions (minus the two boundary markers), and a
     sentence stops after ``max_iterations`` iterations (0: its length limit).
@@ -120,7 +130,7 @@ class InsertionGenerator:
     a neighbour, and no such token is inserted against a constraint's edge; a
     constraint whose last piece continues into the next token (``schö@@``) is
     completed by a token that does not, before end-of-sentence or the next
-    constraint (:func:`canvas.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
+    constraint (:func:`loop.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
     places them in the order in which their first tokens first occur in that
     translation (absent ones after, in the given order; lines with a template
     anchored at the start or end keep the given order).
@@ -245,7 +255,7 @@ class InsertionGenerator:
             raise ValueError("constraints must be fairseq's packed constraints, a (batch, length) tensor "
                              f"(fairseq.token_generation_constraints.pack_constraints); got {constraints!r}")
         # a pad token inside a constraint is a template gap (___)
-        return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
+        return constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
     def _decode(self, model, cache, init: InitialCanvas, max_len: Tensor, eos_penalty: Tensor, bounds: L.Bounds,
                 retain_history: bool, edges: Optional[WordEdges] = None,
@@ -267,14 +277,14 @@ class InsertionGenerator:
         (greedy sequence finalization's best (slot, token) is the best slot's best token).
         """
         cfg = self.config
-        framed = C.frame(state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
+        framed = L.frame(TORCH, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
         A, S = framed.size(0), framed.size(1) - 1
         open_ = L.open_slots(TORCH, state, S)  # (A, S)
         content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
         lse = content.logsumexp(-1)  # (N,) log-normaliser of each open slot
         eos_lp = content[:, self.eos] - lse  # (N,)
         if cfg.block_neighbour_copies or cfg.no_repeat_ngram_size:
-            blocked = C.repeated_tokens(framed, cfg.no_repeat_ngram_size, cfg.block_neighbour_copies,
+            blocked = L.repeated_tokens(TORCH, framed, cfg.no_repeat_ngram_size, cfg.block_neighbour_copies,
                                         (self.bos, self.eos), self.pad)  # (A, S, M), pad: nothing
             content.scatter_(1, blocked[open_], float("-inf"))  # pad is -inf below anyway
         if len(cfg.betas) == 1:
@@ -297,7 +307,7 @@ class InsertionGenerator:
                          sequence: bool) -> Tensor:
         """The word-edge rule on the open slots' scores ``content`` (N, V), in place: next to a
         constraint token no token that glues onto it, and end-of-slot forbidden where a constraint's
-        word must be completed (:func:`canvas.word_edge_slots`); with sequence finalization, no
+        word must be completed (:func:`loop.word_edge_slots`); with sequence finalization, no
         end-of-sequence while a sentence has such a slot. Returns the end-of-slot scores before the
         rule (N,), for a slot left with no allowed token at all (a tiny vocabulary), which may end."""
         no_next, no_prev, no_end = L.word_edge_bans(TORCH, framed, given, edges.joins_next, self.eos, open_,
@@ -408,10 +418,10 @@ def _reorder_constraints(init: InitialCanvas, hyp: Tensor, hyp_lengths: Tensor) 
     real = j < lengths.unsqueeze(1)
     starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
     first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
-    key = C.first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
+    key = first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
     anchored = (closed_before[:, 0] if K else closed_end) | closed_end
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
-    perm = C.order_segments(segment, lengths, key)  # (B, K)
+    perm = order_segments(segment, lengths, key)  # (B, K)
     return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
                          segment=segment.gather(1, perm))
 

@@ -2,8 +2,8 @@
 config (decoding options, standard library only) <- loop (the decoding loop of both backends,
 numpy only) <- preprocess (raw text, standard library
 until a line is prepared) <- export_format (the exported files, standard library) <- runtime (the deployment
-subpackage) <- canvas, precision, fairseq_fixes,
-constraints <- fast_decoder, checkpoints, hub_interface <- model <- criterion, generator,
+subpackage) <- decoding (torch's arrays for the loop) <- canvas (training), precision,
+fairseq_fixes, constraints <- fast_decoder, checkpoints, hub_interface <- model <- criterion, generator,
 rerank <- task <- hub <- export (ONNX) <- the package <- __main__ (the option listing);
 visualize (it reads fairseq-generate output) imports none of them; the runtime imports
 config, loop, preprocess and export_format alone (tests/test_runtime.py). Checked statically
@@ -16,8 +16,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["config", "loop", "preprocess", "export_format", "runtime", "canvas", "visualize", "precision",
-          "fairseq_fixes", "decoding", "constraints", "fast_decoder",
+LAYERS = ["config", "loop", "preprocess", "export_format", "runtime", "decoding", "canvas", "visualize",
+          "precision", "fairseq_fixes", "constraints", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]
 SUBPACKAGES = {"runtime"}  # imported by its name from the modules above it
