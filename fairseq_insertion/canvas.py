@@ -1,4 +1,7 @@
-"""The Insertion Transformer's algorithm as pure tensor functions.
+"""The Insertion Transformer's training algorithm as pure tensor functions: canvas sampling, slot spans
+and weights, the paper's losses. A canvas is gathered and framed by the decoding loop's own rules
+(:func:`fairseq_insertion.loop.gather_canvas`, :func:`~fairseq_insertion.loop.frame` on
+:data:`fairseq_insertion.decoding.TORCH`), so training shows the model canvases as decoding does.
 
 Nothing here imports fairseq. Every function works on a whole padded batch at
 once (no Python loops over sentences, slots or tokens) and on whatever device
@@ -26,9 +29,10 @@ import torch
 from torch import Tensor
 
 from . import loop as L
+from .config import TERMINATIONS
+from .decoding import TORCH
 
 ORDERS = ("left_to_right", "binary_tree", "uniform")
-TERMINATIONS = ("slot", "sequence")
 
 
 def log2_bound(n: int | Tensor) -> int | Tensor:
@@ -107,23 +111,6 @@ def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional
     u = torch.rand(target_lengths.size(0), device=target_lengths.device, generator=generator)
     d = torch.floor(u * (depth + 1)).long().clamp(max=depth.long())  # (B,)
     return levels < d.unsqueeze(1)
-
-
-def gather_canvas(target: Tensor, keep: Tensor, pad: int) -> Tuple[Tensor, Tensor]:
-    """The kept tokens in target order, left-aligned and padded: target, keep (B, N) -> canvas (B, K),
-    K the largest kept count, and its lengths (B,) (:func:`fairseq_insertion.loop.gather_canvas`)."""
-    return L.gather_canvas(TORCH, target, keep, pad)
-
-
-def frame(canvas: Tensor, lengths: Tensor, bos: int, eos: int, pad: int) -> Tensor:
-    """[bos] canvas [eos], right-padded: (B, K) -> (B, K + 2); slot ``l`` lies between columns l and l+1
-    (:func:`fairseq_insertion.loop.frame`)."""
-    return L.frame(TORCH, canvas, lengths, bos, eos, pad)
-
-
-def slot_mask(lengths: Tensor, num_slots: int) -> Tensor:
-    """(B, S) True for the ``k + 1`` real slots of each canvas."""
-    return L.slot_mask(TORCH, lengths, num_slots)
 
 
 # ----------------------------------------------------------------------------
@@ -214,7 +201,7 @@ def insertion_loss(
     N = target.size(1)
     eps = label_smoothing
     k = keep.sum(1)  # (B,) canvas lengths
-    slots = slot_mask(k, S)  # (B, S)
+    slots = L.slot_mask(TORCH, k, S)  # (B, S)
     loc = location_lprobs.float()
     eos_nll = -(content_lprobs[:, :, eos].float() + loc)  # (B, S)
     # -(1/V) sum_c log p(c, l): a full pass over (B, S, V), so only when smoothing is on
@@ -257,157 +244,3 @@ def insertion_loss(
         return nll, nll
     slot_smooth = torch.where(counted, smooth, torch.zeros_like(smooth))
     return (1 - eps) * nll + eps * slot_smooth.sum(1) / n_counted, nll
-
-
-# ----------------------------------------------------------------------------
-# Applying insertions (paper: "Inference")
-# ----------------------------------------------------------------------------
-def insertion_destinations(lengths: Tensor, insert_mask: Tensor, num_tokens: int, width: int) -> Tensor:
-    """Where every canvas token and every slot value lands after the insertions (B, K + S): see
-    :func:`fairseq_insertion.loop.insertion_destinations`."""
-    return L.insertion_destinations(TORCH, lengths, insert_mask, num_tokens, width)
-
-
-def place(destinations: Tensor, canvas: Tensor, slot_values: Tensor, width: int, pad) -> Tensor:
-    """Apply :func:`insertion_destinations` to one per-token tensor: (B, K) and (B, S) -> (B, W)."""
-    return L.place(TORCH, destinations, canvas, slot_values, width, pad)
-
-
-def insert(canvas: Tensor, lengths: Tensor, slot_tokens: Tensor, insert_mask: Tensor, pad) -> Tuple[Tensor, Tensor]:
-    """Insert ``slot_tokens[l]`` into every slot ``l`` where ``insert_mask`` (B, S), S >= K + 1 allowed
-    (slots beyond a canvas's k + 1 must be False): the new canvas (B, K') trimmed to the longest row,
-    and the new lengths. Serves parallel decoding (many slots) and greedy decoding (one slot)."""
-    return L.insert(TORCH, canvas, lengths, slot_tokens, insert_mask, pad)
-
-
-# ----------------------------------------------------------------------------
-# Hard constraints and templates (the initial canvas is given)
-# ----------------------------------------------------------------------------
-class InitialCanvas(L.Start):
-    """Where a decode starts (:class:`fairseq_insertion.loop.Start`) on torch tensors."""
-
-    __slots__ = ()
-
-    @classmethod
-    def empty(cls, batch: int, device, pad: int) -> "InitialCanvas":
-        """The unconstrained start: an empty canvas, every slot open."""
-        return cls(*L.Start.blank(TORCH, batch, torch.zeros(0, dtype=torch.long, device=device), pad))
-
-    def emptied(self, rows: Tensor, pad: int) -> "InitialCanvas":
-        """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
-        r = rows.unsqueeze(1)
-        return self._replace(tokens=self.tokens.masked_fill(r, pad), lengths=self.lengths.masked_fill(rows, 0),
-                             closed_before=self.closed_before & ~r, closed_end=self.closed_end & ~rows)
-
-
-def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
-    """The initial canvas of a constrained decode, from fairseq's packed constraints (B, C), a ``gap``
-    token inside a constraint marking a template's open slot: see :func:`fairseq_insertion.loop.constraint_canvas`
-    (the same rule for the runtime). Returns the :class:`InitialCanvas`."""
-    return InitialCanvas(*L.constraint_canvas(TORCH, packed, gap, pad))
-
-
-def closed_slots(closed_before: Tensor, closed_end: Tensor, lengths: Tensor, num_slots: int) -> Tensor:
-    """(B, S) True at the closed slots: slot l < k is the slot before token l, slot k the last one."""
-    return L.closed_slots(TORCH, closed_before, closed_end, lengths, num_slots)
-
-
-def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
-    """A permutation of canvas columns that puts whole constraints in order of ``key``.
-
-    segment: (B, K) constraint index of each canvas token; key: (B, G) one
-    sort key per constraint (ties keep the given order). Tokens of one
-    constraint stay together and in order. Returns (B, K) indices for
-    ``gather`` on the canvas (padding stays last).
-    """
-    B, K = segment.shape
-    G = key.size(1)
-    seg_rank = (key * (G + 1) + torch.arange(G, device=key.device)).argsort(1).argsort(1)  # (B, G)
-    tok_rank = seg_rank.gather(1, segment.clamp(0, max(G - 1, 0))) if G > 0 else segment
-    j = torch.arange(K, device=segment.device).unsqueeze(0)
-    real = j < lengths.unsqueeze(1)
-    token_key = torch.where(real, tok_rank * (K + 1) + j, (G + 1) * (K + 1) + j)  # (B, K)
-    return token_key.argsort(1)
-
-
-def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
-    """Index of the first occurrence of each ``query`` token in ``tokens``.
-
-    tokens: (B, T) with real lengths (B,); query: (B, G). Returns (B, G), ``T + g``
-    where query token g does not occur (so absent ones sort last, in order).
-    """
-    T, G = tokens.size(1), query.size(1)
-    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)  # (1, G)
-    if T == 0:  # every translation empty (e.g. every line's constraints over its length limit)
-        return absent.expand(tokens.size(0), G)
-    valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-    hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
-    found = hit.any(2)
-    return torch.where(found, hit.long().argmax(2), absent)
-
-
-# ----------------------------------------------------------------------------
-# Decoding: the loop's canvas rules (fairseq_insertion.loop) on torch tensors
-# ----------------------------------------------------------------------------
-def repeated_tokens(framed: Tensor, ngram: int, neighbours: bool, special: Tuple[int, ...], pad: int) -> Tensor:
-    """Per slot, the tokens whose insertion would repeat part of the canvas (B, S, M): see
-    :func:`fairseq_insertion.loop.repeated_tokens`."""
-    return L.repeated_tokens(TORCH, framed, ngram, neighbours, special, pad)
-
-
-def word_edge_slots(framed: Tensor, given: Tensor, joins_next: Tensor, eos: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """(no_next, no_prev, no_end), (B, S) each: what the word-edge rule forbids next to the given
-    (constraint) tokens (see :func:`fairseq_insertion.loop.word_edge_slots`)."""
-    return L.word_edge_slots(TORCH, framed, given, joins_next, eos)
-
-
-class TorchOps:
-    """:class:`fairseq_insertion.loop.Ops` for torch tensors (the PyTorch generator), on their device."""
-
-    def arange(self, n: int, like: Tensor) -> Tensor:
-        return torch.arange(n, device=like.device)
-
-    def full(self, shape, value, like: Tensor) -> Tensor:
-        return torch.full(shape, value, dtype=like.dtype, device=like.device)
-
-    def where(self, cond, a, b) -> Tensor:
-        return torch.where(cond, a, b)
-
-    def concat(self, arrays, axis: int) -> Tensor:
-        return torch.cat(list(arrays), axis)
-
-    def argsort(self, x: Tensor, descending: bool = False) -> Tensor:
-        return x.argsort(dim=-1, descending=descending, stable=True)
-
-    def long(self, x: Tensor) -> Tensor:
-        return x.long()
-
-    def cast(self, x: Tensor, like: Tensor) -> Tensor:
-        return x.to(like.dtype)
-
-    def put(self, out: Tensor, index: Tensor, values) -> Tensor:
-        return out.scatter_(1, index, values)
-
-    def gather(self, x: Tensor, index: Tensor) -> Tensor:
-        return x.gather(1, index)
-
-    def masked_put(self, mask: Tensor, values: Tensor, fill) -> Tensor:
-        return torch.full(mask.shape, fill, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
-
-    def amax(self, x: Tensor, axis: int) -> Tensor:
-        return x.amax(axis)
-
-    def permute(self, x: Tensor, dims) -> Tensor:
-        return x.permute(dims)
-
-    def asarray(self, x, like: Tensor) -> Tensor:
-        return torch.as_tensor(x, device=like.device)
-
-    def host(self, *scalars: Tensor):
-        return torch.stack(list(scalars)).tolist()
-
-    def might(self, cond: Tensor) -> bool:
-        return True  # knowing would cost a round trip to the device
-
-
-TORCH = TorchOps()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 PRECISIONS = ("fp32", "bf16", "int8")
+# how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
+TERMINATIONS = ("slot", "sequence")
 
 DECODINGS = ("parallel", "greedy")
 CONSTRAINT_ORDERS = ("ordered", "unordered")
@@ -28,15 +30,19 @@ CONSTRAINT_ORDERS = ("ordered", "unordered")
 # end-of-slot insert up to 200 tokens; an insertion decode's length is tied to the source instead
 # (Multi30k en-de, BPE: no training target exceeds 2 x source + 10)
 FAIRSEQ_LENGTH_DEFAULTS = (0.0, 200)
+LENGTH_DEFAULTS = (2.0, 10)  # max_len_a, max_len_b
 
 RUNTIME = "runtime"  # an option of a single decode: the deployment runtime (fairseq_insertion.runtime) takes it
 INSERTION = "insertion"  # an option fairseq's own generator (an autoregressive model through the task) does not read
+TASK = "task"  # a flag of the insertion_translation task; the others are fairseq's own generation options
 
 
-def _option(default: Any, flag: str, *scopes: str) -> Any:
+def _option(default: Any, flag: str, *scopes: str, help: str = "", choices: Tuple[str, ...] = ()) -> Any:
     """A field of :class:`DecodingConfig`: its default, its command-line flag (the hub and Python take the
-    field name) and where it applies (:data:`RUNTIME`, :data:`INSERTION`)."""
-    return dataclasses.field(default=default, metadata={"flag": flag, "scopes": scopes})
+    field name), where it applies (:data:`RUNTIME`, :data:`INSERTION`, :data:`TASK`), and for the task's
+    flags their help and choices."""
+    return dataclasses.field(default=default, metadata={"flag": flag, "scopes": scopes, "help": help,
+                                                        "choices": choices})
 
 
 class DecodingError(ValueError):
@@ -83,23 +89,60 @@ class DecodingConfig:
     length-normalised log-probability + lambda x the model's own (normalised) score.
     """
 
-    decoding: str = _option("parallel", "--decoding", RUNTIME, INSERTION)
-    eos_penalty: float = _option(0.0, "--eos-penalty", RUNTIME, INSERTION)
-    eos_penalties: Tuple[float, ...] = _option((), "--eos-penalties", RUNTIME, INSERTION)
-    first_insertions: int = _option(1, "--first-insertions", RUNTIME, INSERTION)
-    max_len_a: float = _option(2.0, "--max-len-a", RUNTIME)
-    max_len_b: int = _option(10, "--max-len-b", RUNTIME)
-    max_iterations: int = _option(0, "--max-iterations", RUNTIME, INSERTION)
-    block_neighbour_copies: bool = _option(False, "--block-neighbour-copies", RUNTIME, INSERTION)
+    decoding: str = _option(
+        "parallel", "--decoding", RUNTIME, INSERTION, TASK, choices=DECODINGS,
+        help="parallel: insert into every slot whose argmax is not end-of-slot; greedy: one insertion per step "
+        "(paper: Inference)")
+    eos_penalty: float = _option(
+        0.0, "--eos-penalty", RUNTIME, INSERTION, TASK,
+        help="beta, subtracted from the end-of-slot/sequence log-probability when decoding (choose it on valid: "
+        "the best beta depends on the model)")
+    eos_penalties: Tuple[float, ...] = _option(
+        (), "--eos-penalties", RUNTIME, INSERTION, TASK,
+        help="comma-separated betas, e.g. 0,1,2,3,4: decode every sentence under each in one batch and output "
+        "its candidates best first (--nbest k prints k), by the model's length-normalised score or "
+        "--rerank-with's; replaces --eos-penalty")
+    first_insertions: int = _option(
+        1, "--first-insertions", RUNTIME, INSERTION, TASK,
+        help="K > 1: also decode every sentence from each of its K best first insertions (the empty canvas's "
+        "best tokens, end and unk excluded): K x the --eos-penalties candidates, in one batch, chosen among "
+        "as --eos-penalties' (unconstrained decoding only)")
+    max_len_a: float = _option(LENGTH_DEFAULTS[0], "--max-len-a", RUNTIME)
+    max_len_b: int = _option(LENGTH_DEFAULTS[1], "--max-len-b", RUNTIME)
+    max_iterations: int = _option(
+        0, "--max-iterations", RUNTIME, INSERTION, TASK,
+        help="stop a sentence after this many insertion iterations (0: its length limit, min(max_len_a * "
+        "src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 become "
+        f"{LENGTH_DEFAULTS[0]:g} x src_len + {LENGTH_DEFAULTS[1]})")
+    block_neighbour_copies: bool = _option(
+        False, "--block-neighbour-copies", RUNTIME, INSERTION, TASK,
+        help="a slot never inserts a copy of either neighbour token (parallel decoding of an undertrained model "
+        "otherwise grows runs like 'vor vor vor ...'); fairseq's --no-repeat-ngram-size N adds an n-gram rule. "
+        "Both off by default: some outputs legitimately repeat a token")
     no_repeat_ngram_size: int = _option(0, "--no-repeat-ngram-size", RUNTIME)
-    close_ended_slots: bool = _option(False, "--close-ended-slots", RUNTIME, INSERTION)
+    close_ended_slots: bool = _option(
+        False, "--close-ended-slots", RUNTIME, INSERTION, TASK,
+        help="a slot whose best token is end-of-slot stays closed for the rest of the decode, so later passes "
+        "score only the open slots (models trained with slot finalization; can change the output)")
     constraint_order: str = _option("ordered", "--constraints")
     lenpen: float = _option(1.0, "--lenpen", RUNTIME)
     unkpen: float = _option(0.0, "--unkpen")
     retain_history: bool = _option(False, "--retain-iter-history")
-    precision: str = _option("fp32", "--decode-precision")
-    rerank_with: Optional[str] = _option(None, "--rerank-with", INSERTION)
-    rerank_weight: float = _option(0.0, "--rerank-weight", RUNTIME)
+    precision: str = _option(
+        "fp32", "--decode-precision", TASK, choices=PRECISIONS,
+        help="convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
+        "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the same "
+        "conversion applies to --rerank-with's model and to an autoregressive transformer decoded through this "
+        "task (fairseq's beam search), so speeds compare like with like")
+    rerank_with: Optional[str] = _option(
+        None, "--rerank-with", INSERTION, TASK,
+        help="a fairseq transformer checkpoint trained on the same dictionaries (e.g. the distillation teacher): "
+        "choose among the --eos-penalties candidates by its length-normalised log p(y | x), one teacher-forced "
+        "batch per batch of sentences")
+    rerank_weight: float = _option(
+        0.0, "--rerank-weight", RUNTIME, TASK,
+        help="lambda: with --rerank-with, a candidate's score is the reranker's length-normalised log-probability "
+        "+ lambda x the insertion model's own score (choose it on valid)")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -188,6 +231,8 @@ _FIELDS = dataclasses.fields(DecodingConfig)
 RUNTIME_OPTIONS = tuple(f.name for f in _FIELDS if RUNTIME in f.metadata["scopes"])
 # the options fairseq's own generator does not read
 INSERTION_ONLY = tuple(f.name for f in _FIELDS if INSERTION in f.metadata["scopes"])
+# the options the insertion_translation task adds to fairseq's command lines (its config's fields)
+TASK_OPTIONS = tuple(f.name for f in _FIELDS if TASK in f.metadata["scopes"])
 # the command-line flag of each option, and of fairseq's two that check_search_options checks
 FLAGS = {**{f.name: f.metadata["flag"] for f in _FIELDS}, "nbest": "--nbest", "beam": "--beam"}
 

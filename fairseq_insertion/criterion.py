@@ -11,6 +11,8 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from . import canvas as C
+from . import loop as L
+from .decoding import TORCH
 
 
 @dataclass
@@ -80,8 +82,8 @@ class InsertionLoss(FairseqCriterion):
         if self.tree_canvas_prob > 0:  # some canvases are states parallel decoding visits
             tree = torch.rand(keep.size(0), device=keep.device) < self.tree_canvas_prob  # (R B,)
             keep = torch.where(tree.unsqueeze(1), C.sample_tree_canvas(lengths, N), keep)
-        canvas, k = C.gather_canvas(y, keep, self.pad)  # (R B, K), (R B,)
-        framed = C.frame(canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
+        canvas, k = L.gather_canvas(TORCH, y, keep, self.pad)  # (R B, K), (R B,)
+        framed = L.frame(TORCH, canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
 
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         if R > 1:  # one encoder pass over the B sentences, repeated R times inside the model

@@ -1,8 +1,8 @@
-"""Insertion decoding on torch: the word edges kept at constraints (paper: "Inference"). The loop
-itself, the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`,
-:class:`Insertions`) and the step rules live in :mod:`fairseq_insertion.loop`
-(torch-free, shared with the deployment runtime), every option and its default,
-:class:`DecodingConfig`, in :mod:`fairseq_insertion.config` (re-exported here).
+"""Insertion decoding on torch: torch's arrays for the loop (:data:`TORCH`), the word edges kept at
+constraints, the torch start of a decode and the order of constraints (paper: "Inference"). The loop itself,
+the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`) and the step
+rules live in :mod:`fairseq_insertion.loop` (torch-free, shared with the deployment runtime), every option and
+its default, :class:`DecodingConfig`, in :mod:`fairseq_insertion.config` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,6 +24,60 @@ from .config import (  # noqa: F401  re-exported: decoding's options live in con
     check_search_options,
     parse_betas,
 )
+
+
+# ---------------------------------------------------------------- torch's arrays for the loop
+class TorchOps:
+    """:class:`fairseq_insertion.loop.Ops` for torch tensors (the PyTorch generator), on their device."""
+
+    def arange(self, n: int, like: Tensor) -> Tensor:
+        return torch.arange(n, device=like.device)
+
+    def full(self, shape, value, like: Tensor) -> Tensor:
+        return torch.full(shape, value, dtype=like.dtype, device=like.device)
+
+    def where(self, cond, a, b) -> Tensor:
+        return torch.where(cond, a, b)
+
+    def concat(self, arrays, axis: int) -> Tensor:
+        return torch.cat(list(arrays), axis)
+
+    def argsort(self, x: Tensor, descending: bool = False) -> Tensor:
+        return x.argsort(dim=-1, descending=descending, stable=True)
+
+    def long(self, x: Tensor) -> Tensor:
+        return x.long()
+
+    def cast(self, x: Tensor, like: Tensor) -> Tensor:
+        return x.to(like.dtype)
+
+    def put(self, out: Tensor, index: Tensor, values) -> Tensor:
+        return out.scatter_(1, index, values)
+
+    def gather(self, x: Tensor, index: Tensor) -> Tensor:
+        return x.gather(1, index)
+
+    def masked_put(self, mask: Tensor, values: Tensor, fill) -> Tensor:
+        return torch.full(mask.shape, fill, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+    def amax(self, x: Tensor, axis: int) -> Tensor:
+        return x.amax(axis)
+
+    def permute(self, x: Tensor, dims) -> Tensor:
+        return x.permute(dims)
+
+    def asarray(self, x, like: Tensor) -> Tensor:
+        return torch.as_tensor(x, device=like.device)
+
+    def host(self, *scalars: Tensor):
+        return torch.stack(list(scalars)).tolist()
+
+    def might(self, cond: Tensor) -> bool:
+        return True  # knowing would cost a round trip to the device
+
+
+TORCH = TorchOps()
+
 
 # ---------------------------------------------------------------- word edges
 WORD_SCHEMES = L.WORD_SCHEMES  # the subword schemes whose word edges the decoder keeps at constraints
@@ -60,3 +114,62 @@ class WordEdges(NamedTuple):
         ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
         scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
         return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))
+
+
+# ---------------------------------------------------------------- the state of the loop
+class InitialCanvas(L.Start):
+    """Where a decode starts (:class:`fairseq_insertion.loop.Start`) on torch tensors."""
+
+    __slots__ = ()
+
+    @classmethod
+    def empty(cls, batch: int, device, pad: int) -> "InitialCanvas":
+        """The unconstrained start: an empty canvas, every slot open."""
+        return cls(*L.Start.blank(TORCH, batch, torch.zeros(0, dtype=torch.long, device=device), pad))
+
+    def emptied(self, rows: Tensor, pad: int) -> "InitialCanvas":
+        """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
+        r = rows.unsqueeze(1)
+        return self._replace(tokens=self.tokens.masked_fill(r, pad), lengths=self.lengths.masked_fill(rows, 0),
+                             closed_before=self.closed_before & ~r, closed_end=self.closed_end & ~rows)
+
+
+def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
+    """The initial canvas of a constrained decode, from fairseq's packed constraints (B, C), a ``gap``
+    token inside a constraint marking a template's open slot: see :func:`fairseq_insertion.loop.constraint_canvas`
+    (the same rule for the runtime). Returns the :class:`InitialCanvas`."""
+    return InitialCanvas(*L.constraint_canvas(TORCH, packed, gap, pad))
+
+
+def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
+    """A permutation of canvas columns that puts whole constraints in order of ``key``.
+
+    segment: (B, K) constraint index of each canvas token; key: (B, G) one
+    sort key per constraint (ties keep the given order). Tokens of one
+    constraint stay together and in order. Returns (B, K) indices for
+    ``gather`` on the canvas (padding stays last).
+    """
+    B, K = segment.shape
+    G = key.size(1)
+    seg_rank = (key * (G + 1) + torch.arange(G, device=key.device)).argsort(1).argsort(1)  # (B, G)
+    tok_rank = seg_rank.gather(1, segment.clamp(0, max(G - 1, 0))) if G > 0 else segment
+    j = torch.arange(K, device=segment.device).unsqueeze(0)
+    real = j < lengths.unsqueeze(1)
+    token_key = torch.where(real, tok_rank * (K + 1) + j, (G + 1) * (K + 1) + j)  # (B, K)
+    return token_key.argsort(1)
+
+
+def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
+    """Index of the first occurrence of each ``query`` token in ``tokens``.
+
+    tokens: (B, T) with real lengths (B,); query: (B, G). Returns (B, G), ``T + g``
+    where query token g does not occur (so absent ones sort last, in order).
+    """
+    T, G = tokens.size(1), query.size(1)
+    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)  # (1, G)
+    if T == 0:  # every translation empty (e.g. every line's constraints over its length limit)
+        return absent.expand(tokens.size(0), G)
+    valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+    hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
+    found = hit.any(2)
+    return torch.where(found, hit.long().argmax(2), absent)

@@ -59,9 +59,7 @@ from torch import nn
 
 from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
-from .fast_decoder import cacheable
-from .loop import word_edge_table
-from .runtime.files import (
+from .export_format import (
     BPE_CODES,
     CHECKED,
     ENCODER,
@@ -69,10 +67,13 @@ from .runtime.files import (
     PASS,
     SCORER,
     SETTINGS,
+    SPECIAL_IDS,
     VOCABS,
     file_digests,
     source_names,
 )
+from .fast_decoder import cacheable
+from .loop import word_edge_table
 from .slots import SlotRule, choose_graph
 from .weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
 
@@ -248,7 +249,7 @@ def _keys_values(g: Graph, x: str, layers, rows: Optional[str] = None,
     """Every decoder layer's encoder-attention keys and values of the encoder output x (B, S, C), in one
     product (:func:`~fairseq_insertion.weights.encoder_keys_values`): per layer (keys, values), each
     (B, heads, S, d); rows (N,): those of these sources instead, (N, heads, S, d); names: graph outputs
-    to write them to, keys_0, ..., values_0, ... (:func:`~fairseq_insertion.runtime.files.source_names`)."""
+    to write them to, keys_0, ..., values_0, ... (:func:`~fairseq_insertion.export_format.source_names`)."""
     attn = layers[0].encoder_attn
     L, H, d = len(layers), attn.num_heads, attn.head_dim
     kv = g.op("Reshape", _linear(g, x, encoder_keys_values(layers)), g.ints(0, 0, 2 * L, H, d))  # (B, S, 2L, H, d)
@@ -443,8 +444,8 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> 
         "format_version": FORMAT_VERSION,
         "model": {
             "termination": model.termination,
-            "bos": tgt.bos(), "eos": tgt.eos(), "pad": tgt.pad(), "unk": tgt.unk(),
-            "source": {"bos": src.bos(), "eos": src.eos(), "pad": src.pad(), "unk": src.unk()},
+            **{key: getattr(tgt, key)() for key in SPECIAL_IDS},
+            "source": {key: getattr(src, key)() for key in SPECIAL_IDS},
             "max_source_positions": int(model.encoder.max_positions()),
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),

@@ -3,7 +3,7 @@
 The loop (:func:`fairseq_insertion.loop.run`, shared with the deployment
 runtime) starts from the empty canvas ``[bos, eos]`` (or, with hard
 constraints, from a canvas that holds them, with the slots inside a constraint
-closed: see :func:`canvas.constraint_canvas`) and repeats one step per pass:
+closed: see :func:`decoding.constraint_canvas`) and repeats one step per pass:
 
 * predict: the model scores the open slots of every active canvas
   (:meth:`InsertionGenerator._predict`, the torch side), reusing the encoder's keys and values;
@@ -33,8 +33,17 @@ from torch import Tensor
 from . import canvas as C
 from . import loop as L
 from . import slots as S
-from .canvas import TORCH, InitialCanvas
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, WordEdges
+from .decoding import (
+    CONSTRAINT_ORDERS,
+    DECODINGS,
+    TORCH,
+    DecodingConfig,
+    InitialCanvas,
+    WordEdges,
+    constraint_canvas,
+    first_occurrence,
+    order_segments,
+)
 from .loop import Canvases, SlotScores
 
 logger = logging.getLogger(__name__)
@@ -110,7 +119,7 @@ class InsertionGenerator:
     Repetition (off by default): ``block_neighbour_copies`` stops a slot from
     inserting a copy of either of its neighbours; ``no_repeat_ngram_size`` n
     stops it from inserting a token that makes an n-gram of the canvas occur
-    twice (see :func:`canvas.repeated_tokens`). End-of-slot is never blocked.
+    twice (see :func:`loop.repeated_tokens`). End-of-slot is never blocked.
     The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
     model's maximum target positions (minus the two boundary markers), and a
     sentence stops after ``max_iterations`` iterations (0: its length limit).
@@ -126,7 +135,7 @@ class InsertionGenerator:
     a neighbour, and no such token is inserted against a constraint's edge; a
     constraint whose last piece continues into the next token (``schö@@``) is
     completed by a token that does not, before end-of-sentence or the next
-    constraint (:func:`canvas.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
+    constraint (:func:`loop.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
     places them in the order in which their first tokens first occur in that
     translation (absent ones after, in the given order; lines with a template
     anchored at the start or end keep the given order).
@@ -240,7 +249,7 @@ class InsertionGenerator:
             raise ValueError("constraints must be fairseq's packed constraints, a (batch, length) tensor "
                              f"(fairseq.token_generation_constraints.pack_constraints); got {constraints!r}")
         # a pad token inside a constraint is a template gap (___)
-        return C.constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
+        return constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
     def _predict(self, model, state: Canvases, cache, edges: WordEdges) -> SlotScores:
         """One forward pass: the best token and its log p(c | l) for every open slot (the slot rule,
@@ -358,10 +367,10 @@ def _reorder_constraints(init: L.Start, unconstrained: Canvases) -> L.Start:
     real = j < lengths.unsqueeze(1)
     starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
     first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
-    key = C.first_occurrence(unconstrained.tokens, unconstrained.lengths, first_tok)  # (B, G)
+    key = first_occurrence(unconstrained.tokens, unconstrained.lengths, first_tok)  # (B, G)
     anchored = (closed_before[:, 0] if K else closed_end) | closed_end
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
-    perm = C.order_segments(segment, lengths, key)  # (B, K)
+    perm = order_segments(segment, lengths, key)  # (B, K)
     return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
                          segment=segment.gather(1, perm))
 

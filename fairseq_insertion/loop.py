@@ -5,7 +5,7 @@ Everything after the model's scores lives here: the typed state (:class:`Canvase
 (:func:`step_rule`, small objects built from the decoding options), the room cap, how insertions
 move the canvas (:func:`insertion_destinations`, :func:`place`), the closing of slots, which
 sentences stop, and the loop itself (:func:`run`). A backend supplies only its arrays (an
-:class:`Ops`: :data:`NUMPY` here, ``canvas.TORCH`` for the PyTorch generator) and a
+:class:`Ops`: :data:`NUMPY` here, ``decoding.TORCH`` for the PyTorch generator) and a
 :class:`Backend` with ``predict`` (the torch model, or the ONNX session) and ``reorder`` (its
 per-sentence memory follows the sentences that go on).
 

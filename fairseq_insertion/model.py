@@ -41,7 +41,6 @@ from fairseq.models.transformer import base_architecture as transformer_base_arc
 from fairseq.tasks import TASK_REGISTRY
 from torch import Tensor, nn
 
-from .canvas import TERMINATIONS
 from .checkpoints import (
     WARM_START_SLOTS,
     DictionaryFiles,
@@ -50,6 +49,7 @@ from .checkpoints import (
     dictionary_files,
     unreadable_checkpoint,
 )
+from .config import TERMINATIONS
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
 from .hub_interface import InsertionHubInterface

@@ -5,8 +5,8 @@ options; builds the :class:`InsertionGenerator` and never drops a sentence."""
 import dataclasses
 import logging
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from dataclasses import field
+from typing import Any, List, Optional, Tuple
 
 from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
@@ -16,9 +16,9 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
 from .checkpoints import check_checkpoint_file, dictionary_files, warm_start
-from .config import INSERTION_ONLY
+from .config import INSERTION_ONLY, TASK_OPTIONS
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
-from .decoding import CONSTRAINT_ORDERS, DECODINGS, FLAGS, DecodingConfig, DecodingError, check_search_options
+from .decoding import CONSTRAINT_ORDERS, FLAGS, DecodingConfig, DecodingError, check_search_options
 from .fairseq_fixes import (
     EMPTY_SOURCE,
     command_line_checkpoints,
@@ -30,7 +30,7 @@ from .fairseq_fixes import (
 )
 from .generator import InsertionGenerator
 from .model import InsertionTransformerModel
-from .precision import PRECISIONS, for_decoding
+from .precision import for_decoding
 from .rerank import AutoregressiveScorer
 
 logger = logging.getLogger(__name__)
@@ -56,72 +56,31 @@ GENERATION_INSTEAD = {"beam": "--eos-penalties", "iter_decode_eos_penalty": "--e
                       "iter_decode_with_external_reranker": "--rerank-with"}
 
 
-@dataclass
-class InsertionTranslationConfig(TranslationConfig):
-    decoding: ChoiceEnum(list(DECODINGS)) = field(  # type: ignore[valid-type]
-        default=DEFAULTS.decoding,
-        metadata={"help": "parallel: insert into every slot whose argmax is not end-of-slot; greedy: one "
-                  "insertion per step (paper: Inference)"},
-    )
-    eos_penalty: float = field(
-        default=DEFAULTS.eos_penalty,
-        metadata={"help": "beta, subtracted from the end-of-slot/sequence log-probability when decoding (choose "
-                  "it on valid: the best beta depends on the model)"},
-    )
-    max_iterations: int = field(
-        default=DEFAULTS.max_iterations,
-        metadata={"help": "stop a sentence after this many insertion iterations (0: its length limit, "
-                  "min(max_len_a * src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 "
-                  "become %g x src_len + %d)" % (DEFAULTS.max_len_a, DEFAULTS.max_len_b)},
-    )
-    eos_penalties: Optional[str] = field(
-        default=None,
-        metadata={"help": "comma-separated betas, e.g. 0,1,2,3,4: decode every sentence under each in one batch "
-                  "and output its candidates best first (--nbest k prints k), by the model's "
-                  "length-normalised score or --rerank-with's; replaces --eos-penalty"},
-    )
-    first_insertions: int = field(
-        default=DEFAULTS.first_insertions,
-        metadata={"help": "K > 1: also decode every sentence from each of its K best first insertions (the empty "
-                  "canvas's best tokens, end and unk excluded): K x the --eos-penalties candidates, in one batch, "
-                  "chosen among as --eos-penalties' (unconstrained decoding only)"},
-    )
-    rerank_with: Optional[str] = field(
-        default=None,
-        metadata={"help": "a fairseq transformer checkpoint trained on the same dictionaries (e.g. the "
-                  "distillation teacher): choose among the --eos-penalties candidates by its length-normalised "
-                  "log p(y | x), one teacher-forced batch per batch of sentences"},
-    )
-    rerank_weight: float = field(
-        default=DEFAULTS.rerank_weight,
-        metadata={"help": "lambda: with --rerank-with, a candidate's score is the reranker's length-normalised "
-                  "log-probability + lambda x the insertion model's own score (choose it on valid)"},
-    )
-    block_neighbour_copies: bool = field(
-        default=DEFAULTS.block_neighbour_copies,
-        metadata={"help": "a slot never inserts a copy of either neighbour token (parallel decoding of an "
-                  "undertrained model otherwise grows runs like 'vor vor vor ...'); fairseq's --no-repeat-ngram-size "
-                  "N adds an n-gram rule. Both off by default: some outputs legitimately repeat a token"},
-    )
-    close_ended_slots: bool = field(
-        default=DEFAULTS.close_ended_slots,
-        metadata={"help": "a slot whose best token is end-of-slot stays closed for the rest of the decode, so "
-                  "later passes score only the open slots (models trained with slot finalization; can change "
-                  "the output)"},
-    )
-    decode_precision: ChoiceEnum(list(PRECISIONS)) = field(  # type: ignore[valid-type]
-        default=DEFAULTS.precision,
-        metadata={"help": "convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
-                  "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the "
-                  "same conversion applies to --rerank-with's model and to an autoregressive transformer decoded "
-                  "through this task (fairseq's beam search), so speeds compare like with like"},
-    )
-    constraints_file: Optional[str] = field(
-        default=None,
-        metadata={"help": "fairseq-generate: hard constraints for the test set, one line per sentence id, "
-                  "constraints separated by tabs (___ marks a template gap); they go through --tokenizer/--bpe "
-                  "when given, else must already be tokenised and BPE'd like the target. Order: --constraints"},
-    )
+def task_field(option: dataclasses.Field) -> Tuple[str, Any, dataclasses.Field]:
+    """A :class:`DecodingConfig` field as a field of the task's config: named after its flag, with its help;
+    a choice is a ChoiceEnum, the EOS penalties (comma-separated) and a checkpoint path an optional string
+    (None: not given)."""
+    name = option.metadata["flag"][2:].replace("-", "_")
+    if option.metadata["choices"]:
+        kind: Any = ChoiceEnum(list(option.metadata["choices"]))
+    elif option.default is None or isinstance(option.default, tuple):
+        kind = Optional[str]
+    else:
+        kind = type(option.default)
+    default = None if kind is Optional[str] else option.default
+    return name, kind, field(default=default, metadata={"help": option.metadata["help"]})
+
+
+# fairseq's translation options, every DecodingConfig option fairseq's generation options lack (TASK_OPTIONS),
+# and the constraints of fairseq-generate's test set
+InsertionTranslationConfig = dataclasses.make_dataclass(
+    "InsertionTranslationConfig",
+    [*(task_field(f) for f in dataclasses.fields(DecodingConfig) if f.name in TASK_OPTIONS),
+     ("constraints_file", Optional[str], field(default=None, metadata={
+         "help": "fairseq-generate: hard constraints for the test set, one line per sentence id, constraints "
+         "separated by tabs (___ marks a template gap); they go through --tokenizer/--bpe when given, else must "
+         "already be tokenised and BPE'd like the target. Order: --constraints"}))],
+    bases=(TranslationConfig,), namespace={"__module__": __name__})
 
 
 @register_task("insertion_translation", dataclass=InsertionTranslationConfig)

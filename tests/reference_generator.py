@@ -11,8 +11,8 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor
 
-from fairseq_insertion import canvas as C
-from fairseq_insertion.canvas import InitialCanvas
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH, InitialCanvas
 from fairseq_insertion.generator import InsertionGenerator, _reorder_constraints
 
 
@@ -49,7 +49,7 @@ def _insert(canvas: Tensor, lengths: Tensor, slot_values: Tensor, mask: Tensor, 
 
 class ReferenceInsertionGenerator(InsertionGenerator):
     """The previous decoding loop: the whole framed canvas re-encoded on every pass, a
-    (B, S, V) log-softmax, three ``canvas.insert`` calls and every active row written back."""
+    (B, S, V) log-softmax, three ``loop.insert`` calls and every active row written back."""
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs) -> List[List[Dict]]:
@@ -113,7 +113,8 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         iterations = torch.zeros(B, dtype=torch.long, device=device)
         final_eos = torch.zeros(B, device=device)  # mean end-of-slot log-prob of the last pass over open slots
         S0 = canvas.size(1) + 1
-        any_open = (C.slot_mask(lengths, S0) & ~C.closed_slots(closed_before, closed_end, lengths, S0)).any(1)  # (B,)
+        closed = L.closed_slots(TORCH, closed_before, closed_end, lengths, S0)  # (B, S0)
+        any_open = (L.slot_mask(TORCH, lengths, S0) & ~closed).any(1)  # (B,)
         active = torch.arange(B, device=device)[(max_len > lengths) & any_open]
         max_iter = (self.config.max_iterations or int((max_len - lengths).clamp(min=0).max())) if B else 0
         termination = getattr(model, "termination", "slot")
@@ -124,12 +125,12 @@ class ReferenceInsertionGenerator(InsertionGenerator):
             if active.numel() == 0:
                 break
             enc = model.encoder.reorder_encoder_out(encoder_out, active)
-            framed = C.frame(canvas[active], lengths[active], self.bos, self.eos, self.pad)  # (A, K+2)
+            framed = L.frame(TORCH, canvas[active], lengths[active], self.bos, self.eos, self.pad)  # (A, K+2)
             content_lp, location_lp = model.slot_log_probs(model.decoder(framed, encoder_out=enc), framed)
             passes += 1
             S = content_lp.size(1)
-            closed = C.closed_slots(closed_before[active], closed_end[active], lengths[active], S)  # (A, S)
-            slots = C.slot_mask(lengths[active], S) & ~closed  # (A, S) the open slots
+            closed = L.closed_slots(TORCH, closed_before[active], closed_end[active], lengths[active], S)  # (A, S)
+            slots = L.slot_mask(TORCH, lengths[active], S) & ~closed  # (A, S) the open slots
             final_eos[active] = (content_lp[..., self.eos] * slots).sum(1) / slots.sum(1).clamp(min=1)
             content_lp[..., self.eos] -= self.config.eos_penalty
             content_lp[..., self.bos] = float("-inf")

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from fairseq_insertion import canvas as C
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH
 
 PAD, BOS, EOS = 1, 0, 2
 
@@ -31,7 +33,7 @@ def test_sample_canvas_keeps_a_subsequence(order):
     if order == "left_to_right":
         # a prefix: no kept position after a dropped one
         assert ((keep.long().cummin(1).values) == keep.long()).all()
-    canvas, k = C.gather_canvas(target, keep, PAD)
+    canvas, k = L.gather_canvas(TORCH, target, keep, PAD)
     for b in range(target.size(0)):
         kept = [int(t) for t, m in zip(target[b], keep[b]) if m]
         assert canvas[b, : k[b]].tolist() == kept
@@ -67,7 +69,7 @@ def test_slot_spans_and_frame_by_hand():
     assert slot[0][missing].tolist() == [0, 1, 1, 1, 2]
     assert start[0][missing].tolist() == [0, 2, 2, 2, 6]
     assert end[0][missing].tolist() == [0, 4, 4, 4, 6]
-    framed = C.frame(torch.tensor([[5, 6], [7, PAD]]), torch.tensor([2, 1]), BOS, EOS, PAD)
+    framed = L.frame(TORCH, torch.tensor([[5, 6], [7, PAD]]), torch.tensor([2, 1]), BOS, EOS, PAD)
     assert framed.tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
 
 
@@ -91,11 +93,11 @@ def test_insert_parallel_and_single():
     lengths = torch.tensor([3, 1])
     toks = torch.tensor([[5, 6, 7, 8], [9, 4, 0, 0]])
     mask = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    out, new = C.insert(canvas, lengths, toks, mask, PAD)
+    out, new = L.insert(TORCH, canvas, lengths, toks, mask, PAD)
     assert new.tolist() == [6, 3]
     assert out.tolist() == [[5, 10, 11, 7, 12, 8], [9, 20, 4, PAD, PAD, PAD]]
     # greedy: one insertion into an empty canvas
-    out, new = C.insert(torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), torch.tensor([[42]]),
+    out, new = L.insert(TORCH, torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), torch.tensor([[42]]),
                         torch.tensor([[True]]), PAD)
     assert out.tolist() == [[42]] and new.tolist() == [1]
 
@@ -110,8 +112,8 @@ def test_insert_matches_list_insertion_on_random_cases():
         canvas = canvas.masked_fill(torch.arange(K) >= lengths.unsqueeze(1), PAD)
         S = K + 1
         toks = torch.randint(50, 99, (B, S), generator=gen)
-        mask = (torch.rand(B, S, generator=gen) < 0.5) & C.slot_mask(lengths, S)
-        out, new = C.insert(canvas, lengths, toks, mask, PAD)
+        mask = (torch.rand(B, S, generator=gen) < 0.5) & L.slot_mask(TORCH, lengths, S)
+        out, new = L.insert(TORCH, canvas, lengths, toks, mask, PAD)
         for b in range(B):
             ref = []
             for slot in range(int(lengths[b]) + 1):
@@ -180,7 +182,7 @@ def test_vectorised_loss_matches_reference(order, termination, seed):
         keep[1] = False
     k = keep.sum(1)
     S = int(k.max()) + 1 + seed  # extra padding slots must not matter
-    sm = C.slot_mask(k, S)
+    sm = L.slot_mask(TORCH, k, S)
     logits = torch.randn(target.size(0), S, V, generator=gen, dtype=torch.float64) * 2
     content = logits.log_softmax(-1)
     loc_logits = torch.randn(target.size(0), S, generator=gen, dtype=torch.float64)
@@ -205,7 +207,7 @@ def test_loss_gradient_is_finite_with_padded_slots():
     S = int(k.max()) + 3
     logits = torch.randn(4, S, 9, requires_grad=True)
     loc = torch.randn(4, S, requires_grad=True)
-    location = loc.masked_fill(~C.slot_mask(k, S), float("-inf")).log_softmax(-1)
+    location = loc.masked_fill(~L.slot_mask(TORCH, k, S), float("-inf")).log_softmax(-1)
     loss, _ = C.insertion_loss(logits.log_softmax(-1), location, target, lengths, keep,
                                "binary_tree", "slot", EOS, 1.0, 0.1)
     loss.sum().backward()

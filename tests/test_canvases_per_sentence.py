@@ -6,6 +6,8 @@ import torch
 
 from fairseq_insertion import canvas as C
 from fairseq_insertion import criterion as criterion_module
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH
 from tests.test_canvas import reference_loss
 from tests.utils import build_task, reverse_data
 
@@ -47,8 +49,8 @@ def old_forward(criterion, model, sample):
     N = target.size(1)
     y = target.masked_fill(~(torch.arange(N).unsqueeze(0) < lengths.unsqueeze(1)), criterion.pad)
     keep = C.sample_canvas(lengths, N, criterion.order)
-    canvas, k = C.gather_canvas(y, keep, criterion.pad)
-    framed = C.frame(canvas, k, criterion.bos, criterion.eos, criterion.pad)
+    canvas, k = L.gather_canvas(TORCH, y, keep, criterion.pad)
+    framed = L.frame(TORCH, canvas, k, criterion.bos, criterion.eos, criterion.pad)
     net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], framed)
     content_lp, location_lp = model.slot_log_probs(net_output, framed)
     return C.insertion_loss(content_lp, location_lp, y, lengths, keep, criterion.order, criterion.termination,
@@ -102,8 +104,8 @@ def test_k_canvases_share_one_encoder_pass_and_average_the_per_canvas_losses(dat
     ref_loss, ref_nll = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
     for j in range(K):
         keep_j = keep[j * B : (j + 1) * B, : y.size(1)]
-        canvas, k = C.gather_canvas(y, keep_j, d.pad())
-        framed = C.frame(canvas, k, d.bos(), d.eos(), d.pad())
+        canvas, k = L.gather_canvas(TORCH, y, keep_j, d.pad())
+        framed = L.frame(TORCH, canvas, k, d.bos(), d.eos(), d.pad())
         with torch.no_grad():
             net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], framed)
             content, location = model.slot_log_probs(net_output, framed)
@@ -138,13 +140,13 @@ def test_tree_canvas_prob_one_trains_on_tree_states_only(data, tmp_path, monkeyp
     """--tree-canvas-prob 1: every canvas the loss sees is a balanced-binary-tree state."""
     _, model, criterion, sample = setup(data, tmp_path, "--tree-canvas-prob", "1")
     used = []
-    gather = C.gather_canvas
+    gather = L.gather_canvas
 
-    def recording_gather(y, keep, pad):
+    def recording_gather(xp, y, keep, pad):
         used.append(keep)
-        return gather(y, keep, pad)
+        return gather(xp, y, keep, pad)
 
-    monkeypatch.setattr(criterion_module.C, "gather_canvas", recording_gather)
+    monkeypatch.setattr(criterion_module.L, "gather_canvas", recording_gather)
     loss, _, _ = criterion(model, sample)
     assert torch.isfinite(loss)
     target = sample["target"]

@@ -12,7 +12,8 @@ from fairseq.token_generation_constraints import pack_constraints
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_insertion import canvas as C
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH, constraint_canvas
 from fairseq_insertion.generator import InsertionGenerator
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 from tests.utils import (
@@ -58,14 +59,14 @@ def test_constraint_canvas_matches_the_per_sentence_rule():
         batch = [[[rng.choice([GAP, 4, 5, 6, 7, 8, 9]) for _ in range(rng.randint(0, 4))]
                   for _ in range(rng.randint(0, 3))] for _ in range(rng.randint(1, 5))]
         packed = pack_constraints([[torch.tensor(c, dtype=torch.long) for c in cs] for cs in batch])
-        canvas, lengths, closed_before, closed_end, _ = C.constraint_canvas(packed, gap=GAP, pad=GAP)
+        canvas, lengths, closed_before, closed_end, _ = constraint_canvas(packed, gap=GAP, pad=GAP)
         for b, cs in enumerate(batch):
             tokens, ref_closed, ref_end = reference_canvas(cs)
             n = int(lengths[b])
             assert canvas[b, :n].tolist() == tokens, cs
             assert closed_before[b, :n].tolist() == ref_closed, cs
             assert not closed_before[b, n:].any() and bool(closed_end[b]) == ref_end, cs
-            slots = C.closed_slots(closed_before, closed_end, lengths, canvas.size(1) + 1)[b, : n + 1].tolist()
+            slots = L.closed_slots(TORCH, closed_before, closed_end, lengths, canvas.size(1) + 1)[b, : n + 1].tolist()
             assert slots == ref_closed + [ref_end]
 
 

@@ -3,12 +3,14 @@ command line and the hub decode the same way by default, fairseq's "off" values 
 rules off, and every value that means nothing is refused with the option and the value named."""
 
 import argparse
+import dataclasses
 import math
 
 import pytest
 from fairseq.dataclass.configs import GenerationConfig
 from omegaconf import OmegaConf, open_dict
 
+from fairseq_insertion.config import TASK_OPTIONS
 from fairseq_insertion.decoding import FLAGS, DecodingConfig, DecodingError, check_search_options
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.task import InsertionTranslationConfig
@@ -37,6 +39,21 @@ def test_task_fields_take_their_defaults_from_the_config():
     for name in ("decoding", "eos_penalty", "max_iterations", "block_neighbour_copies", "close_ended_slots"):
         assert getattr(task, name) == getattr(d, name), name
     assert str(task.decode_precision) == d.precision
+
+
+def test_every_option_has_one_flag_the_task_fields_are_made_from_the_config():
+    """An option is the task's field (its flag, help and default from DecodingConfig's field) or one of
+    fairseq's generation options, never both, never neither."""
+    task = {f.name: f for f in dataclasses.fields(InsertionTranslationConfig)}
+    fairseq = {f.name for f in dataclasses.fields(GenerationConfig)}
+    for option in dataclasses.fields(DecodingConfig):
+        name = option.metadata["flag"][2:].replace("-", "_")
+        assert (name in task) != (name in fairseq), option.name
+        assert (name in task) == (option.name in TASK_OPTIONS), option.name
+        if name in task:
+            assert option.metadata["help"] and task[name].metadata["help"] == option.metadata["help"]
+            expected = None if option.default is None or isinstance(option.default, tuple) else option.default
+            assert task[name].default == expected, option.name
 
 
 def test_fairseq_flags_switch_the_rules_on_and_off():

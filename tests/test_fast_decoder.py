@@ -10,8 +10,9 @@ import copy
 import pytest
 import torch
 
-from fairseq_insertion import canvas as C
+from fairseq_insertion import loop as L
 from fairseq_insertion import precision as P
+from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.fast_decoder import cacheable, cached_slot_states, encoder_cache, fused_projections
 from tests.utils import build_task, random_source_batch, reverse_data
 
@@ -44,7 +45,7 @@ def inputs(d, src_lengths, canvas_lengths, seed=0):
     k = torch.tensor(canvas_lengths)
     canvas = torch.randint(d.nspecial, len(d), (len(canvas_lengths), max(canvas_lengths)), generator=g)
     canvas = canvas.masked_fill(torch.arange(canvas.size(1)) >= k.unsqueeze(1), d.pad())
-    return src, C.frame(canvas, k, d.bos(), d.eos(), d.pad())
+    return src, L.frame(TORCH, canvas, k, d.bos(), d.eos(), d.pad())
 
 
 def both_paths(model, src, framed):

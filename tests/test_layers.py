@@ -1,12 +1,13 @@
 """The package's modules import one another one way only, down this order:
 config (decoding options, standard library only) <- loop (the decoding loop of both backends,
 numpy only) <- slots (the slot rule: its torch and graph applications, numpy only) <- preprocess
-(raw text, standard library until a line is prepared) <- runtime (the deployment subpackage) <- canvas,
+(raw text, standard library until a line is prepared) <- export_format (the exported files, standard library)
+<- runtime (the deployment subpackage) <- decoding (torch's arrays for the loop) <- canvas (training),
 precision, fairseq_fixes, constraints <- weights (the decoder's weights as inference reads them) <- fast_decoder,
 checkpoints, hub_interface <- model <- criterion, generator, rerank <- task <- hub <- export (ONNX) <- the package
 <- __main__ (the option listing);
 visualize (it reads fairseq-generate output) imports none of them; the runtime imports
-config, loop and preprocess alone (tests/test_runtime.py). Checked statically
+config, loop, preprocess and export_format alone (tests/test_runtime.py). Checked statically
 (importing a submodule runs the package's ``__init__``, which imports them all), imports
 inside functions included."""
 
@@ -16,8 +17,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["config", "loop", "slots", "preprocess", "runtime", "canvas", "visualize", "precision", "fairseq_fixes",
-          "decoding", "constraints", "weights", "fast_decoder",
+LAYERS = ["config", "loop", "slots", "preprocess", "export_format", "runtime", "decoding", "canvas", "visualize",
+          "precision", "fairseq_fixes", "constraints", "weights", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]
 SUBPACKAGES = {"runtime"}  # imported by its name from the modules above it

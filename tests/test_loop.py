@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from fairseq_insertion import loop as L
-from fairseq_insertion.canvas import TORCH, log2_bound
+from fairseq_insertion.canvas import log2_bound
 from fairseq_insertion.config import DecodingConfig
+from fairseq_insertion.decoding import TORCH
 
 BOS, PAD, EOS = 0, 1, 2
 BACKENDS = {"numpy": (L.NUMPY, np.asarray), "torch": (TORCH, torch.tensor)}

@@ -228,7 +228,7 @@ def exported(prepared, model, tmp_path_factory):
 
 
 def test_the_export_records_the_data_bins_preprocessing(prepared, exported):
-    from fairseq_insertion.runtime.files import sha256
+    from fairseq_insertion.export_format import sha256
 
     values = json.loads((exported / "settings.json").read_text(encoding="utf-8"))
     assert values["preprocessing"] == Preprocessing(source_lang="en", target_lang="de", bpe_codes="bpe.codes").record()

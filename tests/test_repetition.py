@@ -1,4 +1,4 @@
-"""The repetition rules of insertion decoding: canvas.repeated_tokens against a
+"""The repetition rules of insertion decoding: loop.repeated_tokens against a
 brute-force reading of its definition, and the generator never inserting a
 neighbour's token (nor, with --no-repeat-ngram-size, repeating an n-gram), in
 plain and constrained decoding."""
@@ -9,7 +9,8 @@ import pytest
 import torch
 from fairseq.token_generation_constraints import pack_constraints
 
-from fairseq_insertion import canvas as C
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.generator import InsertionGenerator
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 
@@ -47,7 +48,7 @@ def test_repeated_tokens_match_the_definition(n, neighbours):
         framed = torch.full((B, K + 2), PAD)
         for b, k in enumerate(lengths):
             framed[b, :k + 2] = torch.tensor([BOS] + [rng.choice(WORDS) for _ in range(k)] + [EOS])
-        got = C.repeated_tokens(framed, n, neighbours, (BOS, EOS), PAD)  # (B, S, M)
+        got = L.repeated_tokens(TORCH, framed, n, neighbours, (BOS, EOS), PAD)  # (B, S, M)
         assert got.shape[:2] == (B, K + 1)
         for b, k in enumerate(lengths):
             want = brute_force(framed[b].tolist(), n, neighbours)
@@ -58,7 +59,7 @@ def test_repeated_tokens_match_the_definition(n, neighbours):
 
 def test_no_rule_blocks_nothing():
     framed = torch.tensor([[BOS, 4, 4, EOS]])
-    assert C.repeated_tokens(framed, 0, False, (BOS, EOS), PAD).shape == (1, 3, 0)
+    assert L.repeated_tokens(TORCH, framed, 0, False, (BOS, EOS), PAD).shape == (1, 3, 0)
 
 
 def _neighbour_copies(tokens):

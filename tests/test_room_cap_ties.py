@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fairseq_insertion import loop as L
-from fairseq_insertion.canvas import TORCH
+from fairseq_insertion.decoding import TORCH
 
 EOS = 2
 

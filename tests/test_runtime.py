@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_insertion import canvas as TC
 from fairseq_insertion import loop as L
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
+from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.runtime import Translator, TranslatorError
@@ -148,13 +148,13 @@ def random_framed(rng, B, W, vocab=(4, 9)):
 
 
 def test_the_loops_canvas_operations_agree_on_numpy_and_torch():
-    """The loop's canvas code runs on both backends' arrays (loop.NUMPY, canvas.TORCH): the same results."""
+    """The loop's canvas code runs on both backends' arrays (loop.NUMPY, decoding.TORCH): the same results."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         B, W = int(rng.integers(1, 4)), int(rng.integers(2, 12))
         framed, lengths = random_framed(rng, B, W)
         n, neighbours = int(rng.choice([0, 2, 3, 4])), bool(rng.integers(0, 2))
-        both = [(L.NUMPY, np.asarray), (TC.TORCH, torch.tensor)]
+        both = [(L.NUMPY, np.asarray), (TORCH, torch.tensor)]
         got = [L.repeated_tokens(xp, wrap(framed), n, neighbours, (0, 2), 1) for xp, wrap in both]
         assert np.array_equal(got[0], got[1].numpy())
         canvas = framed[:, 1:-1].copy()

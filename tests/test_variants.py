@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from fairseq_insertion import canvas as C
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH
 from tests.test_canvas import reference_loss
 from tests.utils import (
     build_task,
@@ -54,7 +56,7 @@ def random_framed(task, B=5, seed=0):
     canvas = canvas.masked_fill(torch.arange(K) >= lengths.unsqueeze(1), d.pad())
     src = torch.randint(d.nspecial, len(d), (B, 6), generator=g)
     src[:, -1] = d.eos()
-    return src, C.frame(canvas, lengths, d.bos(), d.eos(), d.pad()), lengths
+    return src, L.frame(TORCH, canvas, lengths, d.bos(), d.eos(), d.pad()), lengths
 
 
 def reference_joint_log_probs(model, H, real, joint, bias, k):
@@ -104,7 +106,7 @@ def test_distributions_are_normalised_and_match_the_definitions(data, combo):
         enc = model.encoder(src, src_lengths=torch.full((src.size(0),), src.size(1)))
         content_lp, location_lp = model.slot_log_probs(model.decoder(framed, encoder_out=enc), framed)
         H = model.decoder.slot_states(framed, enc)
-    real = C.slot_mask(lengths, content_lp.size(1))
+    real = L.slot_mask(TORCH, lengths, content_lp.size(1))
     joint_p = (content_lp + location_lp.unsqueeze(-1)).exp()  # (B, S, V)
     assert torch.allclose(joint_p.sum((1, 2)), torch.ones(len(lengths)), atol=1e-5)  # over (c, l) of real slots
     assert (joint_p[~real] == 0).all()  # padding slots get no mass
@@ -129,8 +131,8 @@ def test_variant_loss_matches_the_reference(data, combo, order):
     target = torch.randint(d.nspecial, len(d), (4, N), generator=g)
     target = target.masked_fill(torch.arange(N) >= lengths.unsqueeze(1), d.pad())
     keep = C.sample_canvas(lengths, N, order, generator=g)
-    canvas, kk = C.gather_canvas(target, keep, d.pad())
-    framed = C.frame(canvas, kk, d.bos(), d.eos(), d.pad())
+    canvas, kk = L.gather_canvas(TORCH, target, keep, d.pad())
+    framed = L.frame(TORCH, canvas, kk, d.bos(), d.eos(), d.pad())
     src = torch.randint(d.nspecial, len(d), (4, 5), generator=g)
     with torch.no_grad():
         enc = model.encoder(src, src_lengths=torch.full((4,), 5))
@@ -139,7 +141,7 @@ def test_variant_loss_matches_the_reference(data, combo, order):
     for termination in C.TERMINATIONS:
         _, nll = C.insertion_loss(content_lp, location_lp, target, lengths, keep, order, termination, d.eos(), 1.0)
         for b in range(4):
-            real = C.slot_mask(kk[b:b + 1], H.size(1))[0]
+            real = L.slot_mask(TORCH, kk[b:b + 1], H.size(1))[0]
             ref = reference_joint_log_probs(model, H[b], real, joint, bias, k)  # log p(c, l)
             loc = ref.logsumexp(-1)
             content = torch.where(real.unsqueeze(-1), ref - loc.unsqueeze(-1), torch.zeros_like(ref))

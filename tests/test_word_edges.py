@@ -19,8 +19,8 @@ from fairseq.token_generation_constraints import pack_constraints
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_insertion import canvas as C
-from fairseq_insertion.decoding import WordEdges
+from fairseq_insertion import loop as L
+from fairseq_insertion.decoding import TORCH, WordEdges
 from fairseq_insertion.generator import InsertionGenerator
 from tests.utils import (
     PLUGIN,
@@ -98,10 +98,10 @@ def test_word_edge_slots_match_the_per_slot_rule():
         real = torch.arange(K).unsqueeze(0) < lengths.unsqueeze(1)
         canvas = canvas.masked_fill(~real, pad)
         given = torch.rand(B, K).lt(0.5) & real
-        framed = C.frame(canvas, lengths, bos, eos, pad)
-        got = C.word_edge_slots(framed, given, joins_next, eos)
+        framed = L.frame(TORCH, canvas, lengths, bos, eos, pad)
+        got = L.word_edge_slots(TORCH, framed, given, joins_next, eos)
         want = _slots_reference(framed, given, joins_next, eos)
-        real_slots = C.slot_mask(lengths, K + 1)
+        real_slots = L.slot_mask(TORCH, lengths, K + 1)
         for g, w in zip(got, want):
             assert torch.equal(g & real_slots, w & real_slots)
 

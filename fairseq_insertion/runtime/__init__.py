@@ -35,7 +35,7 @@ PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fai
 Constraints longer than a sentence's length limit give it an empty translation, with a warning naming
 the input (the rest of the batch is translated); an empty source line is decoded from its constraints.
 
-An export is checked when it is loaded (:mod:`fairseq_insertion.runtime.files`), and the
+An export is checked when it is loaded (:mod:`fairseq_insertion.export_format`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
 :class:`TranslatorError` naming the file and key, or the argument.
 
@@ -52,12 +52,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import export_format as F
 from .. import loop as L
 from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..export_format import TranslatorError
 from ..loop import Canvases, SlotScores
 from ..preprocess import GAP, PreprocessError, Preprocessing, detokenize, prepare_constraint, prepare_line
-from . import files as F
-from .files import TranslatorError
 
 logger = logging.getLogger(__name__)
 _ONE = np.ones(1, np.int64)  # the pass's k: its best token per open slot

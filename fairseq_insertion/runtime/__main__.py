@@ -38,8 +38,8 @@ import numpy as np
 
 from .. import preprocess as P
 from ..config import DecodingConfig, DecodingError, add_runtime_arguments
+from ..export_format import SETTINGS
 from . import RUNTIME_OPTIONS, Translator, TranslatorError
-from .files import SETTINGS
 
 logger = logging.getLogger("fairseq_insertion.runtime")
 PROG = "python -m fairseq_insertion.runtime"

@@ -1,13 +1,14 @@
-"""An exported model's directory, checked before anything runs on it.
+"""The export format: what ``python -m fairseq_insertion.export`` writes and
+:class:`~fairseq_insertion.runtime.Translator` reads, in one place: the file names, each graph's inputs and
+outputs, ``settings.json``'s keys, and the checked reading of an exported directory.
 
-``python -m fairseq_insertion.export`` writes the files named here; :class:`~fairseq_insertion.runtime.Translator`
-loads them through this module, which refuses, naming the file and (in ``settings.json``) the key:
+The reading refuses, naming the file and (in ``settings.json``) the key:
 a missing or empty file; a file whose size or sha256 differs from the one ``settings.json``
 records (exports written before the export recorded them have no such record and are not
 checked this way); ``settings.json`` that is not JSON, lacks a key, has a key of the wrong type or
 out of its range, or an unknown key under ``decoding`` or ``preprocessing``; a ``preprocessing`` record
 whose codes file is not a file of the export; a vocabulary file that is not UTF-8 or is
-cut short; a graph onnxruntime cannot load, whose inputs and outputs are not the export's, or whose
+cut short; a graph whose inputs and outputs are not the export's, or whose
 vocabulary size (the graph's metadata) or decoder layers differ from the vocabulary files' and
 settings'. Standard library only (the graphs are read by the caller's onnxruntime sessions).
 """
@@ -19,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
-from ..preprocess import PreprocessError, Preprocessing
+from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .preprocess import PreprocessError, Preprocessing
 
 # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values; 3: candidates' options
 # (eos_penalties, rerank_weight) and an optional scorer graph
@@ -30,7 +31,6 @@ SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates 
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
-TERMINATIONS = ("slot", "sequence")
 PRECISIONS = ("fp32", "int8")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
