@@ -4,10 +4,13 @@ Everything after the model's scores lives here: the typed state (:class:`Canvase
 :class:`SlotScores`, :class:`Insertions`), the step rules that choose a pass's insertions
 (:func:`step_rule`, small objects built from the decoding options), the room cap, how insertions
 move the canvas (:func:`insertion_destinations`, :func:`place`), the closing of slots, which
-sentences stop, and the loop itself (:func:`run`). A backend supplies only its arrays (an
-:class:`Ops`: :data:`NUMPY` here, ``decoding.TORCH`` for the PyTorch generator) and a
-:class:`Backend` with ``predict`` (the torch model, or the ONNX session) and ``reorder`` (its
-per-sentence memory follows the sentences that go on).
+sentences stop, the loop itself (:func:`run`) and the one decode driver (:func:`decode`: length
+limits, first insertions, candidate rows, the initial state, the loop, the candidates' scores and
+order). A backend supplies only its arrays (an :class:`Ops`: :data:`NUMPY` here, ``decoding.TORCH``
+for the PyTorch generator) and a :class:`Model` with ``predict`` (the torch model, or the ONNX
+session), ``reorder`` (its per-sentence memory follows the sentences that go on), ``first_tokens``
+and ``score`` (an optional scorer of the candidates). What each pass hands the slot rule
+(:mod:`fairseq_insertion.slots`) is built here too (:func:`slot_inputs`).
 
 The code uses only what numpy arrays and torch tensors share (operators, ``x[idx]``, slicing,
 ``sum``/``any``/``argmax``/``cumsum`` along an axis, ``clip``); the rest goes through ``Ops``. One
