@@ -355,9 +355,9 @@ def _termination(model) -> str:
     return model.termination
 
 
-def _reorder_constraints(init: L.Start, unconstrained: Canvases) -> L.Start:
+def _reorder_constraints(init: L.Start, hyp: Tensor, hyp_lengths: Tensor) -> L.Start:
     """``unordered``: sort each line's constraints by the first occurrence of
-    their first token in its ``unconstrained`` translation.
+    their first token in ``hyp`` (B, T), the unconstrained translation.
     Lines whose first or last slot is closed (an anchored template) keep the
     given order."""
     canvas, lengths, closed_before, closed_end, segment = init
@@ -367,7 +367,7 @@ def _reorder_constraints(init: L.Start, unconstrained: Canvases) -> L.Start:
     real = j < lengths.unsqueeze(1)
     starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
     first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
-    key = first_occurrence(unconstrained.tokens, unconstrained.lengths, first_tok)  # (B, G)
+    key = first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
     anchored = (closed_before[:, 0] if K else closed_end) | closed_end
     key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
     perm = order_segments(segment, lengths, key)  # (B, K)

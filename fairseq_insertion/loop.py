@@ -804,7 +804,7 @@ class Decoded(NamedTuple):
     passes: int  # forward passes, the first insertions' included
 
 
-Arrange = Callable[[Start, Canvases], Start]
+Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained decode's tokens, its lengths)
 
 
 def decode(model: Model, memory: Any, start: Start, max_len: Array, config: DecodingConfig, termination: str,
@@ -815,8 +815,8 @@ def decode(model: Model, memory: Any, start: Start, max_len: Array, config: Deco
     :func:`length_limits`). With ``config.first_insertions`` K > 1 each sentence branches from its K best first
     insertions, and with several ``config.eos_penalties`` each start is decoded under each penalty, as rows of
     one batch (each source encoded once). ``word_edges``: the dictionary marks word edges; constraints are then
-    kept whole words. ``arrange(start, decoded)``: reorder the constraints once an unconstrained decode of every
-    row is known (``constraint_order="unordered"``). ``termination``: the model's (``slot`` or ``sequence``)."""
+    kept whole words. ``arrange(start, tokens, lengths)``: reorder the constraints once an unconstrained decode of
+    every row is known (``constraint_order="unordered"``). ``termination``: the model's (``slot`` or ``sequence``)."""
     xp = model.xp
     B, betas, K = max_len.shape[0], config.betas, config.first_insertions
     n = config.candidates
@@ -837,7 +837,7 @@ def decode(model: Model, memory: Any, start: Start, max_len: Array, config: Deco
         blank = Start.blank(xp, B * n, start.lengths, pad)
         unconstrained, _ = run(model, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended), memory,
                                bounds)
-        start = arrange(start, unconstrained)
+        start = arrange(start, unconstrained.tokens, unconstrained.lengths)
     state = start_state(xp, start, max_len, eos_penalty, given and word_edges, bounds.close_ended or given,
                         first_scores, record is not None)
     out, more = run(model, state, memory, bounds, record)

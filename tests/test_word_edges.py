@@ -210,8 +210,8 @@ class _RandomScorer:
     def __init__(self, seed):
         self.g = torch.Generator().manual_seed(seed)
 
-    def score(self, src_tokens, src_lengths, hyps, per_source):
-        return torch.rand(len(hyps), generator=self.g)
+    def log_probs(self, src_tokens, src_lengths, target, per_source):
+        return torch.rand(target.size(0), generator=self.g)
 
 
 def _glue_constraints(d, edges, rng, n, unfinished=True):
