@@ -139,23 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
                    batches=[1, 128], precisions=["fp32", "int8"])
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     variants = [parse_variant(v) for v in args.variant]
     if len(variants) != 2:
         raise SystemExit(f"{build_parser().prog}: error: give --variant twice (got {len(variants)})")
     checkouts = {v["checkout"]: v["name"].upper() for v in reversed(variants)}  # one name a checkout: the first's
     names = T.placeholders({"DATA-BIN": args.data_bin, "INS": args.insertion.parent, "OUT": args.out,
                             "DATA": args.ref.parent, **{name: Path(c) for c, name in checkouts.items()}})
-    results = {**T.record("benchmarks.checkouts", argv, names, modules=("onnxruntime",)), "rounds": args.rounds,
-               "sentences": args.sentences, "variants": variants, "rows": [], "notes": []}
+    results = {"rounds": args.rounds, "sentences": args.sentences, "variants": variants, "rows": [], "notes": []}
     measure(args, results)
     results["sentences"] = results["rows"][0]["sentences"] if results["rows"] else 0  # 0 given: every one
     return args.out / "checkouts.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "data_bin", "insertion", "ref"))
-
+main = T.command(build_parser, markdown, run, ("out", "data_bin", "insertion", "ref"),
+                   ("onnxruntime",))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -109,18 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     names = T.placeholders({"DATA-BIN": args.data_bin, "INS": args.insertion.parent, "OUT": args.out})
-    results = {**T.record("benchmarks.passes", argv, names, modules=("onnxruntime", "numpy")),
-               "engine_threads": args.threads, "rounds": args.rounds, "sentences": args.sentences, "rows": [],
+    results = {"engine_threads": args.threads, "rounds": args.rounds, "sentences": args.sentences, "rows": [],
                "notes": []}
     measure(args, results)
     return args.out / "passes.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "data_bin", "insertion"))
-
+main = T.command(build_parser, markdown, run, ("out", "data_bin", "insertion"), ("onnxruntime", "numpy"))
 
 if __name__ == "__main__":
     sys.exit(main())
