@@ -43,35 +43,25 @@ def parse_variant(text: str) -> dict:
     return {"name": name, "checkout": str(Path(checkout).resolve()), "options": options}
 
 
-# run by ``python -c`` in a variant's checkout (its fairseq_insertion and harness first on the path): export once,
-# decode, print the seconds, write the hypotheses. argv: out name precision batch options eos_penalty sentences
-# insertion data_bin
+# run by ``python -c`` in a variant's checkout (its fairseq_insertion and harness first on the path): the runtime
+# engine of its harness exports the model and decodes it once, after a burn-in batch (the export's own length
+# limits, 2 x source + 10); prints the seconds, writes the hypotheses. argv: out name precision batch options
+# eos_penalty sentences insertion data_bin
 WORKER = """
-import json, sys, time
+import json, sys
 from pathlib import Path
 from benchmarks import harness as H
-from fairseq_insertion.config import DecodingConfig
-from fairseq_insertion.export import export
-from fairseq_insertion.runtime import Translator
 
 out, name, precision, batch, options, beta, n, insertion, data_bin = sys.argv[1:]
-out, batch, insertion, data_bin = Path(out), int(batch), Path(insertion), Path(data_bin)
-options = {**json.loads(options), "eos_penalty": float(beta)}
-model = out / "exports" / name / precision
-if not (model / "settings.json").is_file():
-    export(insertion, data_bin, model, int8=precision == "int8", config=DecodingConfig(**options))
-sources = H.pieces(data_bin, "test", 0, int(n))
-translator = Translator(model, intra_threads=1)
-batches = H.schedule(sources, batch)
-translator.translate_batch([sources[i] for i in batches[0]], max_batch_size=batch, **options)  # burn-in
-hyps = [""] * len(sources)
-start = time.perf_counter()
-for idx in batches:
-    for i, r in zip(idx, translator.translate_batch([sources[i] for i in idx], max_batch_size=batch, **options)):
-        hyps[i] = " ".join(r.hypotheses[0])
-seconds = time.perf_counter() - start
+out, data_bin, name = Path(out), Path(data_bin), f"{name}_{precision}"
+options = {**json.loads(options), "eos_penalty": float(beta), "precision": precision}
+engine = H.ENGINES["runtime"](H.System(name, Path(insertion), "runtime", options), H.Where(data_bin, out, (2.0, 10)))
+engine.load(1)
+inputs = H.Inputs(H.pieces(data_bin, "test", 0, int(n)), [])
+outputs, seconds, _ = H.decode(engine, inputs, H.schedule(inputs.sources, int(batch)))
 (out / "hyps").mkdir(parents=True, exist_ok=True)
-(out / "hyps" / f"{name}_{precision}_batch{batch}.txt").write_text("".join(h + "\\n" for h in hyps), encoding="utf-8")
+hyps = "".join(" ".join(o.tokens) + "\\n" for o in outputs)
+(out / "hyps" / f"{name}_batch{batch}.txt").write_text(hyps, encoding="utf-8")
 print(json.dumps({"seconds": seconds}))
 """
 
