@@ -78,31 +78,27 @@ def run_variant(args: argparse.Namespace, variant: dict, precision: str, batch: 
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def bleu(path: Path, references: list[str], lang: str | None) -> float:
-    lines = path.read_text(encoding="utf-8").splitlines()
+def bleu(lines: list[str], references: list[str], lang: str | None) -> float:
     return round(score(GenerateOutput(hypotheses=dict(enumerate(lines))), references[:len(lines)], lang)["bleu"], 2)
 
 
 def measure(args: argparse.Namespace, results: dict) -> None:
-    references = read_reference(args.ref)
-    a, b = results["variants"]
+    references, (a, b) = read_reference(args.ref), (v["name"] for v in results["variants"])
     for precision in args.precisions:
         for batch in args.batches:
             seconds = {v["name"]: [] for v in results["variants"]}
             for _ in range(args.rounds):
                 for v in results["variants"]:
                     seconds[v["name"]].append(run_variant(args, v, precision, batch))
-            hyps = {v["name"]: args.out / "hyps" / f"{v['name']}_{precision}_batch{batch}.txt"
-                    for v in results["variants"]}
-            lines = {k: p.read_text(encoding="utf-8").splitlines() for k, p in hyps.items()}
-            same = sum(map(str.__eq__, lines[a["name"]], lines[b["name"]]))
+            lines = {k: (args.out / "hyps" / f"{k}_{precision}_batch{batch}.txt").read_text(encoding="utf-8")
+                     .splitlines() for k in seconds}
             med = {k: statistics.median(s) for k, s in seconds.items()}
             results["rows"].append({
                 "precision": precision, "batch": batch, "seconds": med, "seconds_by_round": seconds,
-                "ratio": round(med[b["name"]] / med[a["name"]], 3),
-                "ratio_by_round": [round(y / x, 3) for x, y in zip(seconds[a["name"]], seconds[b["name"]])],
-                "bleu": {k: bleu(p, references, args.lang) for k, p in hyps.items()},
-                "identical": same, "sentences": len(lines[a["name"]]),
+                "ratio": round(med[b] / med[a], 3),
+                "ratio_by_round": [round(y / x, 3) for x, y in zip(seconds[a], seconds[b])],
+                "bleu": {k: bleu(v, references, args.lang) for k, v in lines.items()},
+                "identical": sum(map(str.__eq__, lines[a], lines[b])), "sentences": len(lines[a]),
                 "mean_length": {k: sum(len(x.split()) for x in v) / max(len(v), 1) for k, v in lines.items()}})
 
 
