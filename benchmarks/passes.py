@@ -23,11 +23,6 @@ from . import report as T
 TOP = 14  # operators in the table
 
 
-def system(args: argparse.Namespace, precision: str) -> H.System:
-    return H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", {
-        "decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION})
-
-
 def graph_profile(events: list[dict]) -> dict:
     """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node."""
     runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
@@ -65,7 +60,8 @@ def measure(args: argparse.Namespace, results: dict) -> None:
     where = H.Where(args.data_bin, args.out)
     inputs = H.inputs(args.data_bin, "test", n=args.sentences)
     for precision in args.precisions:
-        engine = H.Runtime(system(args, precision), where)
+        options = {"decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION}
+        engine = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", options), where)
         engine.load(args.threads)
         for batch in args.batches:
             timed = H.rounds({precision: engine}, inputs, batch, args.rounds)[precision]
