@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     names = T.placeholders({"OUT": args.out.parent, "DATA": args.valid_ref.parent,
                             "COLLECTED": Path(next(iter(prefixes.values()))).parent})
     made = {name: json.loads(Path(prefix + ".test.json").read_text())["insertion"] for name, prefix in prefixes.items()}
-    results = {**T.record("benchmarks.candidates", sys.argv[1:] if argv is None else argv, names),
+    results = {**T.record("benchmarks.candidates", sys.argv[1:] if argv is None else argv),
                "teacher_greedy_test": args.teacher_greedy, "sets": {k: list(v) for k, v in SETS.items()},
                "collections": {name: "MODELS/" + "/".join(Path(p).parts[-2:]) for name, p in made.items()},  # the kit's
                "seeds": args.seeds, "rows": rows}

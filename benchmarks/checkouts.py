@@ -43,35 +43,25 @@ def parse_variant(text: str) -> dict:
     return {"name": name, "checkout": str(Path(checkout).resolve()), "options": options}
 
 
-# run by ``python -c`` in a variant's checkout (its fairseq_insertion and harness first on the path): export once,
-# decode, print the seconds, write the hypotheses. argv: out name precision batch options eos_penalty sentences
-# insertion data_bin
+# run by ``python -c`` in a variant's checkout (its fairseq_insertion and harness first on the path): the runtime
+# engine of its harness exports the model and decodes it once, after a burn-in batch (the export's own length
+# limits, 2 x source + 10); prints the seconds, writes the hypotheses. argv: out name precision batch options
+# eos_penalty sentences insertion data_bin
 WORKER = """
-import json, sys, time
+import json, sys
 from pathlib import Path
 from benchmarks import harness as H
-from fairseq_insertion.config import DecodingConfig
-from fairseq_insertion.export import export
-from fairseq_insertion.runtime import Translator
 
 out, name, precision, batch, options, beta, n, insertion, data_bin = sys.argv[1:]
-out, batch, insertion, data_bin = Path(out), int(batch), Path(insertion), Path(data_bin)
-options = {**json.loads(options), "eos_penalty": float(beta)}
-model = out / "exports" / name / precision
-if not (model / "settings.json").is_file():
-    export(insertion, data_bin, model, int8=precision == "int8", config=DecodingConfig(**options))
-sources = H.pieces(data_bin, "test", 0, int(n))
-translator = Translator(model, intra_threads=1)
-batches = H.schedule(sources, batch)
-translator.translate_batch([sources[i] for i in batches[0]], max_batch_size=batch, **options)  # burn-in
-hyps = [""] * len(sources)
-start = time.perf_counter()
-for idx in batches:
-    for i, r in zip(idx, translator.translate_batch([sources[i] for i in idx], max_batch_size=batch, **options)):
-        hyps[i] = " ".join(r.hypotheses[0])
-seconds = time.perf_counter() - start
+out, data_bin, name = Path(out), Path(data_bin), f"{name}_{precision}"
+options = {**json.loads(options), "eos_penalty": float(beta), "precision": precision}
+engine = H.ENGINES["runtime"](H.System(name, Path(insertion), "runtime", options), H.Where(data_bin, out, (2.0, 10)))
+engine.load(1)
+inputs = H.Inputs(H.pieces(data_bin, "test", 0, int(n)), [])
+outputs, seconds, _ = H.decode(engine, inputs, H.schedule(inputs.sources, int(batch)))
 (out / "hyps").mkdir(parents=True, exist_ok=True)
-(out / "hyps" / f"{name}_{precision}_batch{batch}.txt").write_text("".join(h + "\\n" for h in hyps), encoding="utf-8")
+hyps = "".join(" ".join(o.tokens) + "\\n" for o in outputs)
+(out / "hyps" / f"{name}_batch{batch}.txt").write_text(hyps, encoding="utf-8")
 print(json.dumps({"seconds": seconds}))
 """
 
@@ -88,31 +78,27 @@ def run_variant(args: argparse.Namespace, variant: dict, precision: str, batch: 
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def bleu(path: Path, references: list[str], lang: str | None) -> float:
-    lines = path.read_text(encoding="utf-8").splitlines()
+def bleu(lines: list[str], references: list[str], lang: str | None) -> float:
     return round(score(GenerateOutput(hypotheses=dict(enumerate(lines))), references[:len(lines)], lang)["bleu"], 2)
 
 
 def measure(args: argparse.Namespace, results: dict) -> None:
-    references = read_reference(args.ref)
-    a, b = results["variants"]
+    references, (a, b) = read_reference(args.ref), (v["name"] for v in results["variants"])
     for precision in args.precisions:
         for batch in args.batches:
             seconds = {v["name"]: [] for v in results["variants"]}
             for _ in range(args.rounds):
                 for v in results["variants"]:
                     seconds[v["name"]].append(run_variant(args, v, precision, batch))
-            hyps = {v["name"]: args.out / "hyps" / f"{v['name']}_{precision}_batch{batch}.txt"
-                    for v in results["variants"]}
-            lines = {k: p.read_text(encoding="utf-8").splitlines() for k, p in hyps.items()}
-            same = sum(map(str.__eq__, lines[a["name"]], lines[b["name"]]))
+            lines = {k: (args.out / "hyps" / f"{k}_{precision}_batch{batch}.txt").read_text(encoding="utf-8")
+                     .splitlines() for k in seconds}
             med = {k: statistics.median(s) for k, s in seconds.items()}
             results["rows"].append({
                 "precision": precision, "batch": batch, "seconds": med, "seconds_by_round": seconds,
-                "ratio": round(med[b["name"]] / med[a["name"]], 3),
-                "ratio_by_round": [round(y / x, 3) for x, y in zip(seconds[a["name"]], seconds[b["name"]])],
-                "bleu": {k: bleu(p, references, args.lang) for k, p in hyps.items()},
-                "identical": same, "sentences": len(lines[a["name"]]),
+                "ratio": round(med[b] / med[a], 3),
+                "ratio_by_round": [round(y / x, 3) for x, y in zip(seconds[a], seconds[b])],
+                "bleu": {k: bleu(v, references, args.lang) for k, v in lines.items()},
+                "identical": sum(map(str.__eq__, lines[a], lines[b])), "sentences": len(lines[a]),
                 "mean_length": {k: sum(len(x.split()) for x in v) / max(len(v), 1) for k, v in lines.items()}})
 
 
@@ -139,23 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
                    batches=[1, 128], precisions=["fp32", "int8"])
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     variants = [parse_variant(v) for v in args.variant]
     if len(variants) != 2:
         raise SystemExit(f"{build_parser().prog}: error: give --variant twice (got {len(variants)})")
     checkouts = {v["checkout"]: v["name"].upper() for v in reversed(variants)}  # one name a checkout: the first's
     names = T.placeholders({"DATA-BIN": args.data_bin, "INS": args.insertion.parent, "OUT": args.out,
                             "DATA": args.ref.parent, **{name: Path(c) for c, name in checkouts.items()}})
-    results = {**T.record("benchmarks.checkouts", argv, names, modules=("onnxruntime",)), "rounds": args.rounds,
-               "sentences": args.sentences, "variants": variants, "rows": [], "notes": []}
+    results = {"rounds": args.rounds, "sentences": args.sentences, "variants": variants, "rows": [], "notes": []}
     measure(args, results)
     results["sentences"] = results["rows"][0]["sentences"] if results["rows"] else 0  # 0 given: every one
     return args.out / "checkouts.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "data_bin", "insertion", "ref"))
-
+main = T.command(build_parser, markdown, run, ("out", "data_bin", "insertion", "ref"),
+                   ("onnxruntime",))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -171,22 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     args.candidates = [tuple(float(b) for b in c.split(",")) for c in args.candidates]
     args.rounds = 1 if args.quality_only else args.rounds
     names = T.placeholders({"KIT": args.teacher.parent, "DATA": args.refs, "OUT": args.out, "DATA-BIN": args.data_bin,
                             **{f"INS{i}": c.parent for i, c in enumerate(args.insertion, 1)}})
-    results = {**T.record("benchmarks.constrained", argv, names), "quality_only": args.quality_only,
-               "engine_threads": args.threads,
+    results = {"quality_only": args.quality_only, "engine_threads": args.threads,
                "sentences": len(read_reference(args.refs / "test.tgt")), "seed": args.seed, "notes": []}
     measure(args, H.Where(args.data_bin, args.out), results)
     add_targets(results)
     return args.out / "constrained.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "teacher", "data_bin", "refs", "insertion"))
-
+main = T.command(build_parser, markdown, run, ("out", "teacher", "data_bin", "refs", "insertion"))
 
 if __name__ == "__main__":
     sys.exit(main())

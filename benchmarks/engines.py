@@ -244,14 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     names = T.placeholders({"DATA-BIN": args.data_bin, "KIT": args.teacher.parent,
                             "INS": args.insertion.parent, "DATA": args.ref.parent, "OUT": args.out,
                             **({"CODES": args.bpe_codes.parent} if args.bpe_codes and args.bpe_codes.parent.resolve()
                                != args.teacher.parent.resolve() else {})})
     inputs = H.inputs(args.data_bin, "test", args.ref, args.sentences)
-    results = {**T.record("benchmarks.engines", argv, names, modules=("ctranslate2", "onnxruntime", "numpy")),
-               "thread_counts": args.threads, "batches": sorted(set(args.batches)), "rounds": args.rounds,
+    results = {"thread_counts": args.threads, "batches": sorted(set(args.batches)), "rounds": args.rounds,
                "test_set": f"{args.ref.name} (test split of the data-bin)", "sentences": len(inputs.sources),
                "eos_penalty": args.eos_penalty, "candidates": candidates(args), "rows": [], "notes": []}
     args.batches = results["batches"]
@@ -263,9 +262,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> tuple:
     return args.out / "engines.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "teacher", "data_bin", "insertion", "ref"))
-
+main = T.command(build_parser, markdown, run, ("out", "teacher", "data_bin", "insertion", "ref"),
+                   ("ctranslate2", "onnxruntime", "numpy"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,11 +23,6 @@ from . import report as T
 TOP = 14  # operators in the table
 
 
-def system(args: argparse.Namespace, precision: str) -> H.System:
-    return H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", {
-        "decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION})
-
-
 def graph_profile(events: list[dict]) -> dict:
     """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node."""
     runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
@@ -65,7 +60,8 @@ def measure(args: argparse.Namespace, results: dict) -> None:
     where = H.Where(args.data_bin, args.out)
     inputs = H.inputs(args.data_bin, "test", n=args.sentences)
     for precision in args.precisions:
-        engine = H.Runtime(system(args, precision), where)
+        options = {"decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION}
+        engine = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", options), where)
         engine.load(args.threads)
         for batch in args.batches:
             timed = H.rounds({precision: engine}, inputs, batch, args.rounds)[precision]
@@ -109,18 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     names = T.placeholders({"DATA-BIN": args.data_bin, "INS": args.insertion.parent, "OUT": args.out})
-    results = {**T.record("benchmarks.passes", argv, names, modules=("onnxruntime", "numpy")),
-               "engine_threads": args.threads, "rounds": args.rounds, "sentences": args.sentences, "rows": [],
+    results = {"engine_threads": args.threads, "rounds": args.rounds, "sentences": args.sentences, "rows": [],
                "notes": []}
     measure(args, results)
     return args.out / "passes.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("out", "data_bin", "insertion"))
-
+main = T.command(build_parser, markdown, run, ("out", "data_bin", "insertion"), ("onnxruntime", "numpy"))
 
 if __name__ == "__main__":
     sys.exit(main())

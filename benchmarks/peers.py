@@ -169,14 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> tuple:
+def run(args: argparse.Namespace) -> tuple:
     systems = list({s.name: s for name in args.sets for s in SETS[name] if (not args.systems or s.name in args.systems)
                     and (args.device == "cuda" or not s.options.get("half"))}.values())  # fp16 needs CUDA
     names = T.placeholders({"MODELS": args.models, "DATA": args.data, "OUT": args.out, "KIT": args.teacher and
                             args.teacher.parent, "INS": args.warm_model and args.warm_model.parent})
     args.teacher = args.teacher or args.models / "ar" / "checkpoint_last.pt"
     where = H.Where(args.data / "data-bin", args.out, device=args.device)
-    results = {**T.record("benchmarks.peers", argv, names, args.device), "sets": args.sets, "rounds": args.rounds,
+    results = {"device": args.device, "sets": args.sets, "rounds": args.rounds,  # the device: its targets' goals
                "test_set": f"DATA/raw/test.tgt ({len(read_reference(args.data / 'raw' / 'test.tgt'))} lines)",
                "batch1_sentences": args.batch1_sentences, "notes": args.note,
                "systems": measure(systems, args, where)}
@@ -184,9 +184,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> tuple:
     return args.out / "results.json", results, names
 
 
-def main(argv: list[str] | None = None) -> int:
-    return T.main(build_parser(), argv, markdown, run, ("models", "data", "out"))
-
+main = T.command(build_parser, markdown, run, ("models", "data", "out"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -100,9 +100,9 @@ def notes(results: dict) -> list[str]:
     return [line for note in results.get("notes", []) for line in ("", f"Note: {note}")]
 
 
-def record(prog: str, argv: Sequence[str], names: dict[Path, str], device: str = "cpu",
-           modules: Sequence[str] = ()) -> dict:
-    """Where and when a run ran: machine, versions, date and command line (its paths as placeholders)."""
+def record(prog: str, argv: Sequence[str], device: str = "cpu", modules: Sequence[str] = ()) -> dict:
+    """Where and when a run ran: machine, versions, date and command line (its paths made absolute: :func:`save`
+    writes them as placeholders)."""
     info = run_info(device)
     for mod in modules:
         try:
@@ -112,7 +112,7 @@ def record(prog: str, argv: Sequence[str], names: dict[Path, str], device: str =
     words = [str(Path(w).resolve()) if not w.startswith("-") and Path(w).exists() else w for w in map(str, argv)]
     return {"machine": info["machine"], "device": device, "versions": info["versions"], "threads": info["threads"],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": portable(shlex.join(["python", "-m", prog, *words]), names)}
+            "command": shlex.join(["python", "-m", prog, *words])}
 
 
 def placeholders(given: dict[str, Path | None]) -> dict[Path, str]:
@@ -171,17 +171,25 @@ def parser(prog: str, doc: str, **given) -> argparse.ArgumentParser:
     return flags(p, **given)
 
 
-def main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, markdown: Callable[[dict], str],
-         run: Callable, needed: Sequence[str]) -> int:
-    """A comparison's command line: ``run(args, argv)`` gives its results file, results and placeholders,
-    written with the table (the paths ``needed`` must exist); ``--render JSON``: the table again, beside it."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.lang = None if getattr(args, "lang", None) == "none" else getattr(args, "lang", None)
-    for flag in () if args.render else needed:
-        paths = getattr(args, flag) if isinstance(getattr(args, flag), list) else [getattr(args, flag)]
-        if None in paths or (flag != "out" and not all(p.exists() for p in paths)):
-            parser.exit(2, f"{parser.prog}: error: --{flag.replace('_', '-')} {paths[0] or ''}: not found\n")
-    path, results, names = (args.render, json.loads(args.render.read_text()), {}) if args.render else run(args, argv)
-    print(save(path, results, markdown, names), end="")
-    return 0
+def command(build: Callable[[], argparse.ArgumentParser], markdown: Callable[[dict], str], run: Callable,
+            needed: Sequence[str], modules: Sequence[str] = ()) -> Callable[..., int]:
+    """A comparison's ``main(argv)``: its run's :func:`record` (``--device``'s, the versions of ``modules``), then
+    ``run(args)`` gives its results file, results and placeholders, written after the record with the table (the
+    paths ``needed`` must exist); ``--render JSON``: the table again, beside it."""
+    def main(argv: Sequence[str] | None = None) -> int:
+        argv, parser = sys.argv[1:] if argv is None else list(argv), build()
+        args = parser.parse_args(argv)
+        args.lang = None if getattr(args, "lang", None) == "none" else getattr(args, "lang", None)
+        for flag in () if args.render else needed:
+            paths = getattr(args, flag) if isinstance(getattr(args, flag), list) else [getattr(args, flag)]
+            if None in paths or (flag != "out" and not all(p.exists() for p in paths)):
+                parser.exit(2, f"{parser.prog}: error: --{flag.replace('_', '-')} {paths[0] or ''}: not found\n")
+        if args.render:
+            path, results, names = args.render, json.loads(args.render.read_text()), {}
+        else:
+            ran = record(parser.prog.split()[-1], argv, getattr(args, "device", "cpu"), modules)
+            path, results, names = run(args)
+            results = {**ran, **results}
+        print(save(path, results, markdown, names), end="")
+        return 0
+    return main
