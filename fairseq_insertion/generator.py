@@ -216,6 +216,9 @@ class InsertionGenerator:
         """fairseq's hypothesis dicts of every sentence's candidates, best first."""
         cfg, out = self.config, found.canvases
         n, betas = cfg.candidates, cfg.betas
+        if found.teacher is not None:  # the scorer's normalised score and the ordering score of every row
+            teacher = L.candidate_scores(found.teacher, out.lengths.float(), cfg.lenpen).tolist()
+            rerank = found.score.tolist()
         rows = []
         for r in range(B * n):
             h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
@@ -225,8 +228,7 @@ class InsertionGenerator:
             if out.history is not None:
                 h["history"] = out.history[r]
             if found.teacher is not None:
-                h["teacher_score"] = float(L.candidate_scores(found.teacher[r], int(out.lengths[r]), cfg.lenpen))
-                h["rerank_score"] = float(found.score[r])
+                h["teacher_score"], h["rerank_score"] = teacher[r], rerank[r]
             rows.append(h)
         return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
 
@@ -236,8 +238,7 @@ class InsertionGenerator:
         log p(c | l) (B, k)."""
         framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
         content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
-        barred = L.SlotInputs(blocked=framed.new_full((B, 1), self.tgt_dict.unk()), eos_penalty=0.0, classes=None,
-                              no_end=framed.new_ones(B, dtype=torch.bool))
+        barred = L.first_insertion_inputs(TORCH, B, self.tgt_dict.unk(), framed)
         tokens, log_probs, _ = S.choose(self.slot_rule, content, barred, k)  # (B, k) each
         return tokens, log_probs
 

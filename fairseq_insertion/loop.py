@@ -715,6 +715,13 @@ def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Op
     return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
 
 
+def first_insertion_inputs(xp: Ops, batch: int, unk: int, like: Array) -> SlotInputs:
+    """The :class:`SlotInputs` of the empty canvases' one slot when choosing first insertions
+    (:func:`first_insertions`): unk barred, end-of-slot barred, no penalty; ``like``: an int64 array."""
+    blocked = xp.full((batch, 1), unk, like=like)  # (B, 1)
+    return SlotInputs(blocked=blocked, eos_penalty=0.0, classes=None, no_end=blocked[:, 0] == unk)
+
+
 def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int) -> Array:
     """(R, W) each candidate as a scorer reads it: its first ``lengths`` (R,) of ``tokens`` (R, K), the end, then
     ``pad``; W the longest plus one."""

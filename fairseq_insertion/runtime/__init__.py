@@ -353,10 +353,9 @@ class Translator:
         best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk
         barred, its k best tokens."""
         framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
+        barred = L.first_insertion_inputs(L.NUMPY, B, self.unk, framed)
         tokens, log_probs, _, _ = self._pass.run(None, {
-            "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64),
-            "blocked": np.full((B, 1), self.unk, np.int64), "eos_penalty": self._constant(B, 0.0, np.float32)[:, None],
-            "word_edges": self._constant(B, 0, np.int64), "no_end": self._constant(B, True, bool)[:, None],
+            "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64), **self._feeds(barred, B),
             "k": np.asarray([k], np.int64)})
         return tokens, log_probs
 
@@ -386,16 +385,21 @@ class Translator:
         sequence = opts.decoding == "greedy" and self.termination == "sequence"
         inputs = L.slot_inputs(L.NUMPY, state, framed, open_, opts, sequence, self._joins_next, self.bos, self.eos,
                                self.pad)
-        n, constant = len(open_slots), self._constant
-        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
-            constant(n, inputs.eos_penalty, np.float32)  # (N,)
         tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
-            "framed": framed, **source.inputs, "open_slots": open_slots, "eos_penalty": penalty[:, None],
-            "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
-            "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
-            "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None], "k": _ONE})
+            "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
+            "k": _ONE})
         tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
         return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
+
+    def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
+        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.slots.choose_graph`)."""
+        constant = self._constant
+        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
+            constant(n, inputs.eos_penalty, np.float32)  # (N,)
+        return {"eos_penalty": penalty[:, None],
+                "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
+                "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
+                "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
 
     def _constant(self, n: int, value: Any, dtype: Any) -> np.ndarray:
         """(n,) ``value``: one read-only array per value and type, grown as needed and sliced (no allocation per
