@@ -14,6 +14,11 @@ A pass scores each open slot over the vocabulary (N, V), raw. The rule then:
 * keeps the best token (the k best for the first insertions), the lowest id among equal scores, with its
   log p(c | l) (the penalty included when end-of-slot wins) and log p(eos | l).
 
+With a lexical shortlist (:class:`Shortlist`: the most frequent target words and each source word's likeliest
+translations, built by ``python -m fairseq_insertion.shortlist``) a slot scores only its sentence's list
+(:func:`shortlist_rows`: the ids ascending, the specials first, so that a special's position is its id) and
+the rule runs on those positions, the log-normaliser included: the list is the slot's vocabulary.
+
 The per-pass inputs (blocked tokens, penalties, classes) come from :func:`fairseq_insertion.loop.slot_inputs`.
 This module imports numpy and the loop only: :func:`choose` takes torch tensors, :func:`choose_graph` an
 export graph builder.
@@ -21,7 +26,8 @@ export graph builder.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence, Tuple
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -50,6 +56,63 @@ class SlotRule(NamedTuple):
         for row, banned in ((1, joins_next), (2, joins_prev), (3, joins_next | joins_prev)):
             table[row, banned] = NEG_INF
         return cls(eos=eos, unk=unk, specials=tuple(specials), excluded=table, unkpen=float(unkpen))
+
+
+class Shortlist(NamedTuple):
+    """A lexical shortlist: what a sentence's slots may receive, besides the specials and its constraints' tokens:
+    the ``frequent`` target words and, for each source word, its likeliest translations."""
+
+    frequent: np.ndarray  # (F,) int64 target ids
+    translations: np.ndarray  # (source V, K) int64 target ids of each source id, best first; padded with 0
+    target_vocab: int  # the target dictionary's size
+
+    def save(self, path: Union[str, Path]) -> None:
+        with open(path, "wb") as f:  # np.savez would append .npz to a name without it
+            np.savez(f, frequent=self.frequent, translations=self.translations,
+                     target_vocab=np.asarray(self.target_vocab))
+
+    @classmethod
+    def load(cls, path: Union[str, Path], source_vocab: Optional[int] = None, target_vocab: Optional[int] = None
+             ) -> "Shortlist":
+        """Read a table written by :meth:`save`, checked against the dictionaries' sizes when given."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                table = cls(frequent=f["frequent"].astype(np.int64), translations=f["translations"].astype(np.int64),
+                            target_vocab=int(f["target_vocab"]))
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"shortlist {path}: not a shortlist table ({e})") from None
+        if table.translations.ndim != 2 or table.frequent.ndim != 1:
+            raise ValueError(f"shortlist {path}: not a shortlist table (its arrays have the wrong shapes)")
+        if target_vocab is not None and table.target_vocab != target_vocab:
+            raise ValueError(f"shortlist {path}: made for a target dictionary of {table.target_vocab} entries, "
+                             f"not {target_vocab}")
+        if source_vocab is not None and len(table.translations) != source_vocab:
+            raise ValueError(f"shortlist {path}: made for a source dictionary of {len(table.translations)} "
+                             f"entries, not {source_vocab}")
+        return table
+
+
+def shortlist_rows(table: Shortlist, src_tokens: np.ndarray, rule: SlotRule, given: Optional[np.ndarray] = None
+                   ) -> np.ndarray:
+    """(B, L) each sentence's shortlist, from its source tokens ``src_tokens`` (B, S) and the tokens it must
+    contain ``given`` (B, X) (its constraints): every id below the rule's largest special (so a special's
+    position is its id), the frequent words, its source words' translations and ``given``, ascending, then
+    V (= the target vocabulary's size) as padding."""
+    B, V = src_tokens.shape[0], table.target_vocab
+    first = max(rule.specials + (rule.eos, rule.unk)) + 1
+    member = np.zeros((B, V + 1), dtype=bool)  # (B, V + 1)
+    member[:, :first] = True
+    member[:, table.frequent] = True
+    rows = np.arange(B)[:, None]
+    member[rows, table.translations[src_tokens].reshape(B, -1)] = True
+    if given is not None:
+        member[rows, given] = True
+    member[:, V] = False
+    counts = member.sum(1)  # (B,)
+    L = int(counts.max()) if B else first
+    out = np.argsort(~member, axis=1, kind="stable")[:, :L]  # (B, L) the members first, ascending
+    out[np.arange(L)[None, :] >= counts[:, None]] = V
+    return out
 
 
 def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tuple[Any, Any, Any]:
