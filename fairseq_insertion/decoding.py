@@ -75,6 +75,9 @@ class TorchOps:
     def might(self, cond: Tensor) -> bool:
         return True  # knowing would cost a round trip to the device
 
+    def searchsorted(self, sorted_: Tensor, values: Tensor) -> Tensor:
+        return torch.searchsorted(sorted_, values)
+
 
 TORCH = TorchOps()
 

@@ -78,6 +78,9 @@ class Ops(Protocol):
     def might(self, cond: Array) -> bool:
         """False only where ``cond`` is known to hold nowhere without a round trip to a device."""
 
+    def searchsorted(self, sorted_: Array, values: Array) -> Array:
+        """Where each of ``values`` would go in the ascending 1-D ``sorted_`` (the leftmost place)."""
+
 
 class NumpyOps:
     """:class:`Ops` for numpy (the deployment runtime)."""
@@ -131,6 +134,9 @@ class NumpyOps:
 
     def might(self, cond):
         return bool(cond.any())
+
+    def searchsorted(self, sorted_, values):
+        return np.searchsorted(sorted_, values)
 
 
 NUMPY = NumpyOps()
@@ -419,6 +425,7 @@ class Canvases(NamedTuple):
     max_len: Array  # (A,) length limit
     eos_penalty: Optional[Array] = None  # (A,) beta of each row (several per sentence with eos_penalties)
     given: Optional[Array] = None  # (A, K) the constraint tokens, when their word edges are kept
+    shortlist: Optional[Array] = None  # (A, L) the tokens its slots may receive (slots.shortlist_rows); None: all
     history: Optional[List[List[Any]]] = None  # per batch row, every canvas it went through
 
     def take(self, idx: Array) -> "Canvases":
@@ -496,11 +503,28 @@ class SlotInputs(NamedTuple):
     """What the open slots (N, row-major) bring to the slot rule (:mod:`fairseq_insertion.slots`) besides their
     scores."""
 
-    blocked: Optional[Array]  # (N, M) tokens barred (pad: none); None: nothing barred
+    blocked: Optional[Array]  # (N, M) tokens barred (pad: none), with a shortlist their positions in it;
+    # None: nothing barred
     eos_penalty: Any  # (N,) each slot's beta, or one beta (a float) for all
     classes: Optional[Array]  # (N,) word-edge class (0 free, 1 no piece joining the next token, 2 the previous,
     # 3 either); None: every slot 0
     no_end: Optional[Array]  # (N,) end-of-slot barred; None: nowhere
+    shortlist: Optional[Array] = None  # (A, L) each canvas's shortlist (Canvases.shortlist); None: every token
+    slot_rows: Optional[Array] = None  # (N,) the canvas of each open slot, with a shortlist
+
+
+_STRIDE = 1 << 32  # above any token id: rows of ids offset by it sort as one array
+
+
+def shortlist_positions(xp: Ops, shortlist: Array, slot_rows: Array, tokens: Array, absent: int) -> Array:
+    """(N, M) the position of each of ``tokens`` (N, M) in its slot's shortlist (``shortlist`` (A, L) ascending,
+    ``slot_rows`` (N,) each slot's row), ``absent`` where the list lacks it."""
+    A, Lw = shortlist.shape
+    offset = slot_rows[:, None] * _STRIDE  # (N, 1)
+    flat = (shortlist + xp.arange(A, like=shortlist)[:, None] * _STRIDE).reshape(-1)  # (A L,) ascending
+    want = tokens + offset  # (N, M)
+    at = xp.searchsorted(flat, want).clip(max=A * Lw - 1)  # (N, M)
+    return xp.where(flat[at] == want, at - slot_rows[:, None] * Lw, absent)
 
 
 def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, config: DecodingConfig, sequence: bool,
@@ -516,11 +540,17 @@ def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, config: D
         blocked = repeats[open_] if repeats.shape[2] else None  # (N, M)
     penalty = config.betas[0] if state.eos_penalty is None else \
         xp.where(open_, state.eos_penalty[:, None], 0.0)[open_]  # (N,)
+    listed = {}
+    if state.shortlist is not None:
+        slot_rows = xp.where(open_, xp.arange(open_.shape[0], like=state.lengths)[:, None], 0)[open_]  # (N,)
+        listed = dict(shortlist=state.shortlist, slot_rows=slot_rows)
+        if blocked is not None:
+            blocked = shortlist_positions(xp, state.shortlist, slot_rows, blocked, pad)  # pad: barred anyway
     if state.given is None:
-        return SlotInputs(blocked=blocked, eos_penalty=penalty, classes=None, no_end=None)
+        return SlotInputs(blocked=blocked, eos_penalty=penalty, classes=None, no_end=None, **listed)
     no_next, no_prev, no_end = word_edge_bans(xp, framed, state.given, joins_next, eos, open_, sequence)  # (N,) each
     return SlotInputs(blocked=blocked, eos_penalty=penalty, classes=xp.long(no_next) + 2 * xp.long(no_prev),
-                      no_end=no_end)
+                      no_end=no_end, **listed)
 
 
 # ---------------------------------------------------------------- the step rules
@@ -715,11 +745,14 @@ def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Op
     return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
 
 
-def first_insertion_inputs(xp: Ops, batch: int, unk: int, like: Array) -> SlotInputs:
+def first_insertion_inputs(xp: Ops, batch: int, unk: int, like: Array, shortlist: Optional[Array] = None
+                           ) -> SlotInputs:
     """The :class:`SlotInputs` of the empty canvases' one slot when choosing first insertions
-    (:func:`first_insertions`): unk barred, end-of-slot barred, no penalty; ``like``: an int64 array."""
+    (:func:`first_insertions`): unk barred, end-of-slot barred, no penalty; ``like``: an int64 array;
+    ``shortlist`` (B, L): each sentence's (unk's position there is its id)."""
     blocked = xp.full((batch, 1), unk, like=like)  # (B, 1)
-    return SlotInputs(blocked=blocked, eos_penalty=0.0, classes=None, no_end=blocked[:, 0] == unk)
+    return SlotInputs(blocked=blocked, eos_penalty=0.0, classes=None, no_end=blocked[:, 0] == unk,
+                      shortlist=shortlist, slot_rows=None if shortlist is None else xp.arange(batch, like=like))
 
 
 def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int) -> Array:
@@ -771,11 +804,13 @@ def length_limit(xp: Ops, src_lengths: Array, config: DecodingConfig, limit: int
 
 
 def start_state(xp: Ops, start: Start, max_len: Array, eos_penalty: Optional[Array], given: bool, closes: bool,
-                first_scores: Optional[Array] = None, history: bool = False) -> Canvases:
+                first_scores: Optional[Array] = None, history: bool = False, shortlist: Optional[Array] = None
+                ) -> Canvases:
     """The state before the first pass from each row's ``start``. ``given``: its tokens are constraints whose
     word edges are kept; ``closes``: slots can close (constraints on the canvas, or close-ended slots), else
     the state carries no closed slots; ``first_scores`` (R, 1): the tokens are first insertions
-    (:func:`first_insertions`) with these scores, inserted by one iteration; ``history``: keep every canvas."""
+    (:func:`first_insertions`) with these scores, inserted by one iteration; ``history``: keep every canvas;
+    ``shortlist`` (R, L): each row's (:func:`fairseq_insertion.slots.shortlist_rows`)."""
     R, K = start.tokens.shape
     zeros = xp.asarray(np.zeros((R, K + 1), np.float32), like=start.lengths)  # (R, K + 1)
     return Canvases(rows=xp.arange(R, like=start.lengths), tokens=start.tokens,
@@ -784,16 +819,16 @@ def start_state(xp: Ops, start: Start, max_len: Array, eos_penalty: Optional[Arr
                     lengths=start.lengths + 0, iterations=start.lengths * (0 if first_scores is None else 1),
                     final_eos=zeros[:, K] + 0, max_len=max_len, eos_penalty=eos_penalty,
                     given=xp.arange(K, like=start.lengths)[None, :] < start.lengths[:, None] if given else None,
-                    history=[[] for _ in range(R)] if history else None)
+                    history=[[] for _ in range(R)] if history else None, shortlist=shortlist)
 
 
 class Model(Backend, Protocol):
     """A :class:`Backend` that also gives each sentence's best first insertions and, with a scorer, scores
     candidates: what :func:`decode` drives."""
 
-    def first_tokens(self, memory: Any, batch: int, k: int) -> Tuple[Array, Array]:
+    def first_tokens(self, memory: Any, batch: int, k: int, shortlist: Optional[Array]) -> Tuple[Array, Array]:
         """The k best first insertions of each of the ``batch`` sentences (:func:`first_insertions`), best first
-        (B, k), and their log p(c | l) (B, k)."""
+        (B, k), and their log p(c | l) (B, k); ``shortlist`` (B, L): each sentence's, or None."""
 
     def score(self, tokens: Array, lengths: Array, per_source: int) -> Optional[Array]:
         """(B n,) a scorer's log-probability of each candidate (its first ``lengths`` of ``tokens`` (B n, W) and
@@ -816,25 +851,28 @@ Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained dec
 
 def decode(model: Model, memory: Any, start: Start, max_len: Array, config: DecodingConfig, termination: str,
            eos: int, pad: int, word_edges: bool = False, arrange: Optional[Arrange] = None,
-           record: Optional[Record] = None) -> Decoded:
+           record: Optional[Record] = None, shortlist: Optional[Array] = None) -> Decoded:
     """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
     empty canvases or their constraints, ``max_len`` (B,) their length limits (:func:`length_limit`,
     :func:`length_limits`). With ``config.first_insertions`` K > 1 each sentence branches from its K best first
     insertions, and with several ``config.eos_penalties`` each start is decoded under each penalty, as rows of
     one batch (each source encoded once). ``word_edges``: the dictionary marks word edges; constraints are then
     kept whole words. ``arrange(start, tokens, lengths)``: reorder the constraints once an unconstrained decode of
-    every row is known (``constraint_order="unordered"``). ``termination``: the model's (``slot`` or ``sequence``)."""
+    every row is known (``constraint_order="unordered"``). ``termination``: the model's (``slot`` or ``sequence``).
+    ``shortlist`` (B, L): the tokens each sentence's slots may receive (:func:`fairseq_insertion.slots.shortlist_rows`;
+    None: the whole vocabulary)."""
     xp = model.xp
     B, betas, K = max_len.shape[0], config.betas, config.first_insertions
     n = config.candidates
     first_scores, passes = None, 0
     if K > 1:
-        tokens, log_probs = model.first_tokens(memory, B, K)  # (B, K) each
+        tokens, log_probs = model.first_tokens(memory, B, K, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
         passes = 1
     if n > 1:
         sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
         memory, start, max_len = model.reorder(memory, sentence), start.take(start_row), max_len[sentence]
+        shortlist = None if shortlist is None else shortlist[sentence]
         first_scores = None if first_scores is None else first_scores[start_row]
     eos_penalty = xp.asarray(np.tile(np.asarray(betas, np.float32), B * K), like=max_len) if len(betas) > 1 \
         else None  # (B n,) each row's beta; None: the one beta
@@ -842,11 +880,11 @@ def decode(model: Model, memory: Any, start: Start, max_len: Array, config: Deco
     given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
     if arrange is not None and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)
-        unconstrained, _ = run(model, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended), memory,
-                               bounds)
+        unconstrained, _ = run(model, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
+                                                  shortlist=shortlist), memory, bounds)
         start = arrange(start, unconstrained.tokens, unconstrained.lengths)
     state = start_state(xp, start, max_len, eos_penalty, given and word_edges, bounds.close_ended or given,
-                        first_scores, record is not None)
+                        first_scores, record is not None, shortlist)
     out, more = run(model, state, memory, bounds, record)
     real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
     log_prob = xp.where(real, out.scores, 0.0).sum(1) + out.final_eos  # (B n,)

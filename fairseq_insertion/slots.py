@@ -117,8 +117,12 @@ def shortlist_rows(table: Shortlist, src_tokens: np.ndarray, rule: SlotRule, giv
 
 def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tuple[Any, Any, Any]:
     """The rule on torch: ``content`` (N, V) the open slots' raw scores (changed in place). Returns each slot's
-    k best tokens (N, k), their log p(c | l) (N, k) and log p(eos | l) (N, 1)."""
-    eos = rule.eos
+    k best tokens (N, k), their log p(c | l) (N, k) and log p(eos | l) (N, 1). With ``inputs.shortlist`` the
+    slots score their lists alone (``inputs.blocked``: positions in them)."""
+    eos, ids = rule.eos, None
+    if inputs.shortlist is not None:
+        ids = inputs.shortlist[inputs.slot_rows]  # (N, L) V where padded
+        content = _pad_column(content).gather(1, ids)  # (N, L) -inf where padded
     lse = content.logsumexp(-1, keepdim=True)  # (N, 1) log-normaliser
     eos_log_probs = content[:, eos:eos + 1] - lse  # (N, 1)
     if inputs.blocked is not None:
@@ -128,33 +132,60 @@ def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tupl
         content[:, rule.unk] -= rule.unkpen
     if inputs.classes is None:  # every slot in class 0: only the specials barred
         content[:, list(rule.specials)] = NEG_INF
-    else:
+    elif ids is None:
         content += content.new_tensor(rule.excluded)[inputs.classes]  # (N, V)
+    else:
+        content += content.new_tensor(_padded(rule.excluded))[inputs.classes[:, None], ids]  # (N, L)
     content[:, eos] = penalised if inputs.no_end is None else penalised.masked_fill(inputs.no_end, NEG_INF)
     best, tokens = content.topk(k, -1) if k > 1 else content.max(-1, keepdim=True)  # (N, k) each; ties: lowest id
     stuck = best.isneginf()  # nothing left: the slot ends
     best = best.where(~stuck, penalised[:, None])
+    if ids is not None:
+        tokens = ids.gather(1, tokens)
     return tokens.masked_fill(stuck, eos), best - lse, eos_log_probs
 
 
+def _pad_column(content: Any) -> Any:
+    """(N, V + 1) ``content`` (N, V) with a -inf column: the score of a shortlist's padding id V."""
+    out = content.new_full((content.shape[0], content.shape[1] + 1), NEG_INF)
+    out[:, :-1] = content
+    return out
+
+
+def _padded(excluded: np.ndarray) -> np.ndarray:
+    """(CLASSES, V + 1) the exclusions with the padding id V barred in every class."""
+    return np.concatenate([excluded, np.full((len(excluded), 1), NEG_INF, np.float32)], 1)
+
+
 def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: str, eos_penalty: str, no_end: str,
-                 k: str) -> None:
+                 k: str, ids: Optional[str] = None) -> None:
     """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
     scores, with the inputs ``classes`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1) and
-    ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`."""
+    ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
+    ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it."""
+    V = rule.excluded.shape[1]
+    if ids is not None:  # the padding (id V) takes no part
+        content = g.op("Where", g.op("Equal", ids, g.const(np.asarray(V, np.int64), "padding_id")),
+                       g.scalar(NEG_INF), content)  # (N, L)
     top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
     lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
                top)  # (N, 1) log-normaliser
     eos_score = g.op("Gather", content, g.const(np.asarray([rule.eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
     g.output("Sub", "eos_log_probs", eos_score, lse)
-    allowed = g.op("Add", content, g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0))  # (N, V)
+    if ids is None:
+        excluded = g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0)  # (N, V)
+    else:  # (N, L) the table's entries at (class, id), flat
+        at = g.op("Add", g.op("Mul", g.op("Unsqueeze", classes, g.ints(1)), g.const(np.asarray(V + 1, np.int64),
+                                                                                      "classes_stride")), ids)
+        excluded = g.op("Gather", g.const(_padded(rule.excluded).reshape(-1), "excluded"), at, axis=0)
+    allowed = g.op("Add", content, excluded)  # (N, V) or (N, L)
     fill = g.op("Expand", g.scalar(NEG_INF), g.op("Shape", blocked))  # (N, M)
     other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
                            outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
+    if ids is not None:
+        other_id = g.op("GatherElements", ids, other_id, axis=1)  # (N, k) positions to ids
     eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
     eos_allowed = g.op("Where", no_end, g.scalar(NEG_INF), eos_penalised)
     eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
     g.output("Where", "tokens", eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
     g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
-
-

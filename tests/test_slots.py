@@ -15,8 +15,9 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from fairseq_insertion.export import ExportError, Graph, _io, export_model  # noqa: E402
-from fairseq_insertion.loop import SlotInputs  # noqa: E402
-from fairseq_insertion.slots import SlotRule, choose, choose_graph  # noqa: E402
+from fairseq_insertion.decoding import TORCH  # noqa: E402
+from fairseq_insertion.loop import NUMPY, SlotInputs, shortlist_positions  # noqa: E402
+from fairseq_insertion.slots import Shortlist, SlotRule, choose, choose_graph, shortlist_rows  # noqa: E402
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 
@@ -140,3 +141,98 @@ def test_unkpen_on_torch_is_the_whole_tables_and_the_export_refuses_it(tmp_path)
         from fairseq_insertion.config import DecodingConfig
 
         export_model(None, None, None, tmp_path / "out", config=DecodingConfig(unkpen=1.0))
+
+
+def shortlist_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
+    g = Graph("step")
+    choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k",
+                 ids="ids")
+    model = g.model([_io("content", TensorProto.FLOAT, ["open", "L"]), _io("ids", TensorProto.INT64, ["open", "L"]),
+                     _io("blocked", TensorProto.INT64, ["open", "m"]), _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
+                     _io("word_edges", TensorProto.INT64, ["open"]), _io("no_end", TensorProto.BOOL, ["open", 1]),
+                     _io("k", TensorProto.INT64, [1])],
+                    [_io(name, dtype, ["open", k]) for name, dtype, k in (("tokens", TensorProto.INT64, "k"),
+                                                                           ("log_probs", TensorProto.FLOAT, "k"),
+                                                                           ("eos_log_probs", TensorProto.FLOAT, 1))],
+                    vocab_size=V)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_shortlist_rows_hold_the_specials_frequent_translations_and_constraints_ascending():
+    V, Vs = 30, 9
+    gen = np.random.default_rng(5)
+    table = Shortlist(frequent=np.asarray([7, 5]), translations=gen.integers(4, V, size=(Vs, 3)), target_vocab=V)
+    table.translations[[0, 1, 2, 3]] = 0  # the specials translate to nothing
+    src = gen.integers(4, Vs, size=(4, 5))
+    src[1, 3:] = PAD  # a shorter sentence, right-padded
+    given = np.asarray([[9, 9], [PAD, PAD], [29, 4], [PAD, 11]])
+    rows = shortlist_rows(table, src, rule_of(np.zeros(V, bool), np.zeros(V, bool)), given)
+    for b in range(4):
+        want = sorted({0, 1, 2, 3, 5, 7} | {int(t) for s in src[b] for t in table.translations[s]}
+                      | {int(t) for t in given[b]})
+        assert rows[b, :len(want)].tolist() == want and (rows[b, len(want):] == V).all()
+    assert (rows == V).any()  # the rows differ in length: some are padded
+
+
+def test_blocked_tokens_find_their_positions_in_each_slots_list():
+    gen = np.random.default_rng(6)
+    V = 50
+    rows = np.sort(np.stack([gen.choice(np.arange(4, V), 12, replace=False) for _ in range(5)]), 1)
+    rows[:, :4] = np.arange(4)
+    rows[2, 9:] = V  # padded
+    slot_rows = gen.integers(0, 5, size=20)
+    tokens = gen.integers(0, V, size=(20, 3))
+    tokens[:, 0] = rows[slot_rows, 6]  # present for sure
+    for xp, conv in ((NUMPY, np.asarray), (TORCH, torch.from_numpy)):
+        got = np.asarray(shortlist_positions(xp, conv(rows), conv(slot_rows), conv(tokens), PAD))
+        for n in range(20):
+            listed = rows[slot_rows[n]].tolist()
+            want = [listed.index(t) if t in listed else PAD for t in tokens[n].tolist()]
+            assert got[n].tolist() == want
+        assert (got[:, 0] == 6).all()
+
+
+@pytest.mark.parametrize("edges", [False, True])
+def test_the_rule_on_a_shortlist_is_the_whole_tables_rule_on_the_listed_tokens(edges):
+    """Torch (the whole table, gathered) and the graph (only the listed scores) against the reference on the
+    table whose unlisted tokens score -inf: the list is the slot's vocabulary, its log-normaliser included."""
+    V, A, L = 40, 4, 14
+    gen = np.random.default_rng(7 + edges)
+    joins_next, joins_prev = (np.arange(V) >= 4) & (gen.random(V) < 0.5), (np.arange(V) >= 4) & (gen.random(V) < 0.3)
+    session = shortlist_session(V, joins_next, joins_prev)
+    chosen = set()
+    for _ in range(40):
+        rows = np.full((A, L), V)
+        for a in range(A):
+            n = int(gen.integers(5, L + 1))
+            rows[a, :n] = np.concatenate([np.arange(4), np.sort(gen.choice(np.arange(4, V), n - 4, replace=False))])
+        N, M = int(gen.integers(1, 9)), int(gen.integers(1, 4))
+        slot_rows = gen.integers(0, A, size=N)
+        content = gen.choice([-1.0, 0.0, 0.5, 1.0], size=(N, V)).astype(np.float32)  # many ties
+        blocked = gen.integers(3, V, size=(N, M))
+        blocked[gen.random((N, M)) < 0.3] = PAD
+        penalty = gen.choice([0.0, 0.5, 1.0], size=N).astype(np.float32)
+        no_next, no_prev, no_end = (gen.random((3, N)) < (0.5 if edges else 0.0))
+        ids = rows[slot_rows]  # (N, L)
+        listed = np.zeros((N, V + 1), bool)
+        listed[np.arange(N)[:, None], ids] = True
+        masked = np.where(listed[:, :V], content, -np.inf).astype(np.float32)
+        want_tok, want_lp, want_eos = full_table(masked, blocked, penalty, no_next, no_prev, no_end, joins_next,
+                                                 joins_prev)
+        positions = shortlist_positions(NUMPY, rows, slot_rows, blocked, PAD)
+        tokens, log_probs, eos_log_probs = session.run(None, {
+            "content": np.take_along_axis(np.pad(content, ((0, 0), (0, 1))), ids, 1), "ids": ids,
+            "blocked": positions, "eos_penalty": penalty[:, None], "word_edges": no_next.astype(np.int64) + 2 * no_prev,
+            "no_end": no_end[:, None], "k": np.ones(1, np.int64)})
+        t_tok, t_lp, t_eos = choose(rule_of(joins_next, joins_prev), torch.from_numpy(content.copy()), SlotInputs(
+            blocked=torch.from_numpy(positions), eos_penalty=torch.from_numpy(penalty),
+            classes=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
+            no_end=torch.from_numpy(no_end) if edges else None, shortlist=torch.from_numpy(rows),
+            slot_rows=torch.from_numpy(slot_rows)))
+        for tok, lp, eos_lp in ((tokens, log_probs, eos_log_probs), (t_tok.numpy(), t_lp.numpy(), t_eos.numpy())):
+            assert tok[:, 0].tolist() == want_tok.tolist()
+            np.testing.assert_allclose(lp[:, 0], want_lp, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(eos_lp[:, 0], want_eos, rtol=1e-5, atol=1e-5)
+        assert all(t in rows[r] for t, r in zip(want_tok.tolist(), slot_rows))
+        chosen.update(want_tok.tolist())
+    assert EOS in chosen and len(chosen) > 5
