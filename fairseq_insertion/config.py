@@ -143,6 +143,11 @@ class DecodingConfig:
         0.0, "--rerank-weight", RUNTIME, TASK,
         help="lambda: with --rerank-with, a candidate's score is the reranker's length-normalised log-probability "
         "+ lambda x the insertion model's own score (choose it on valid)")
+    shortlist: Optional[str] = _option(
+        None, "--shortlist", INSERTION, TASK,
+        help="a lexical shortlist table (python -m fairseq_insertion.shortlist): each sentence's slots choose among "
+        "the table's frequent target words, its source words' translations, the specials and its constraints' "
+        "tokens only, normalised over that list; the runtime takes it from the export (export --shortlist)")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -164,6 +169,8 @@ class DecodingConfig:
         if self.no_repeat_ngram_size == 1:
             raise DecodingError(f"{_name('no_repeat_ngram_size')} must be 0 (off) or >= 2 (an n-gram of size 1 "
                                 "would forbid every token already on the canvas), got 1")
+        if self.shortlist is not None and not str(self.shortlist).strip():
+            raise DecodingError(f"{_name('shortlist')} needs a table's path, got {self.shortlist!r}")
         if self.rerank_with is not None:
             if not str(self.rerank_with).strip():
                 raise DecodingError(f"{_name('rerank_with')} needs a checkpoint path, got {self.rerank_with!r}")
@@ -222,6 +229,7 @@ class DecodingConfig:
             precision=str(get("decode_precision", d.precision)),
             rerank_with=get("rerank_with") or None,
             rerank_weight=get("rerank_weight", d.rerank_weight),
+            shortlist=get("shortlist") or None,
         )
 
 

@@ -67,6 +67,7 @@ from .export_format import (
     PASS,
     SCORER,
     SETTINGS,
+    SHORTLIST,
     SPECIAL_IDS,
     VOCABS,
     file_digests,
@@ -74,7 +75,7 @@ from .export_format import (
 )
 from .fast_decoder import cacheable
 from .loop import word_edge_table
-from .slots import SlotRule, choose_graph
+from .slots import Shortlist, SlotRule, choose_graph
 from .weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
 
 logger = logging.getLogger(__name__)
@@ -287,17 +288,27 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
     return x, keep
 
 
-def encoder_graph(model: nn.Module) -> "onnx.ModelProto":
+def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
     """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
-    attention. Mirrors fairseq's TransformerEncoderBase in inference."""
+    attention. Mirrors fairseq's TransformerEncoderBase in inference. ``shortlisted``: also each sentence's
+    list ``shortlist`` (B, L) (:func:`fairseq_insertion.slots.shortlist_rows`; V: padding) -> its rows of the
+    vocabulary projection, ``shortlist_weights`` (B, C, L) (zeros at padding), which every pass reuses."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
     x, _ = _encode(g, enc)
     L, H, d = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     names = source_names(L)
     _keys_values(g, x, dec.layers, names=names)
-    return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"])],
-                   [_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names],
+    listed_in, listed_out = [], []
+    if shortlisted:
+        W = slot_head(dec).output.weight  # (V, C)
+        padded = torch.cat([W, W.new_zeros(1, W.size(1))])  # (V + 1, C)
+        g.output("Transpose", "shortlist_weights", g.op("Gather", g.const(padded, "output_projection"), "shortlist",
+                                                        axis=0), perm=[0, 2, 1])  # (B, C, L)
+        listed_in = [_io("shortlist", TensorProto.INT64, ["batch", "listed"])]
+        listed_out = [_io("shortlist_weights", TensorProto.FLOAT, ["batch", W.size(1), "listed"])]
+    return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"]), *listed_in],
+                   [*(_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names), *listed_out],
                    vocab_size=enc.embed_tokens.num_embeddings)
 
 
@@ -327,8 +338,10 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=dec.embed_tokens.num_embeddings)
 
 
-def pass_graph(model: nn.Module) -> "onnx.ModelProto":
-    """One decoding pass (see the module's docstring for its inputs and outputs)."""
+def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
+    """One decoding pass (see the module's docstring for its inputs and outputs); ``shortlisted``: the open
+    slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, C, L), from the
+    encoder graph)."""
     dec = model.decoder
     d = dec.dictionary
     bos, eos, pad, V = d.bos(), d.eos(), d.pad(), len(d)
@@ -336,11 +349,14 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
     L = len(dec.layers)
     names = source_names(L)
     x, keep = _decode(g, dec, "framed", list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
-    content = _slot_head(g, x, keep, slot_head(dec), "open_slots")  # (N, V)
+    content, ids = _slot_head(g, x, keep, slot_head(dec), "open_slots", shortlisted)  # (N, V) or (N, L) each
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
-    choose_graph(g, rule, content, "word_edges", "blocked", "eos_penalty", "no_end", "k")
+    choose_graph(g, rule, content, "word_edges", "blocked", "eos_penalty", "no_end", "k", ids)
     heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
+    C = dec.output_projection.weight.size(1)
+    listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
+              _io("shortlist_weights", TensorProto.FLOAT, ["rows", C, "listed"])] if shortlisted else []
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
          *(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in names),
@@ -350,17 +366,20 @@ def pass_graph(model: nn.Module) -> "onnx.ModelProto":
          _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
          _io("word_edges", TensorProto.INT64, ["open"]),
          _io("no_end", TensorProto.BOOL, ["open", 1]),
-         _io("k", TensorProto.INT64, [1])],
+         _io("k", TensorProto.INT64, [1]), *listed],
         [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
         vocab_size=V)
 
 
-def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str) -> str:
+def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False
+               ) -> Tuple[str, Optional[str]]:
     """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the
     final states x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``,
     log p(l) (A, W-1), -inf at padding slots, and returns the content scores of the ``open_slots`` (N,)
-    (flat indices into the A x (W-1) slots) alone, (N, V)."""
+    (flat indices into the A x (W-1) slots) alone, (N, V), and None; ``shortlisted``: their scores over their
+    sentence's list (the inputs ``shortlist`` (A, L) and ``shortlist_weights`` (A, C, L)), (N, L), and the
+    listed ids (N, L)."""
     end = np.iinfo(np.int64).max
     pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
                  g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)
@@ -369,8 +388,15 @@ def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: s
     loc = g.op("Squeeze", g.op("MatMul", H, g.const(head.location_query.unsqueeze(1), "location_query")), g.ints(-1))
     g.output("LogSoftmax", "location", g.op("Where", real, loc, g.scalar(float("-inf"))), axis=-1)
     C = head.output.weight.size(1)
+    if shortlisted:  # each canvas's slots by its sentence's rows of the projection, then the open ones
+        scores = g.op("MatMul", H, "shortlist_weights")  # (A, S, L)
+        S = g.op("Gather", g.op("Shape", H), g.const(np.asarray(1, np.int64), "slots_axis"), axis=0)  # ()
+        ids = g.op("Gather", "shortlist", g.op("Div", open_slots, S), axis=0)  # (N, L)
+        listed = g.op("Gather", g.op("Reshape", scores, g.op("Concat", g.ints(-1), g.op("Shape", "shortlist", start=1),
+                                                                axis=0)), open_slots, axis=0)  # (N, L)
+        return listed, ids
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), open_slots, axis=0)  # (N, C) open slots only
-    return g.op("MatMul", Hc, g.const(head.output.weight.t(), "output_projection"))  # (N, V)
+    return g.op("MatMul", Hc, g.const(head.output.weight.t(), "output_projection")), None  # (N, V)
 
 
 def check_exportable(model: nn.Module) -> None:
@@ -410,13 +436,14 @@ def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
     return model.eval(), task
 
 
-def export_graphs(model: nn.Module, out: Path) -> None:
-    """Write ``encoder.onnx`` and ``pass.onnx`` for ``model`` (fp32) into ``out``."""
+def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> None:
+    """Write ``encoder.onnx`` and ``pass.onnx`` for ``model`` (fp32) into ``out``; ``shortlisted``: the graphs
+    that take each sentence's shortlist."""
     check_exportable(model)
     model = model.float().eval()
     with torch.no_grad():
-        onnx.save(encoder_graph(model), str(out / ENCODER))
-        onnx.save(pass_graph(model), str(out / PASS))
+        onnx.save(encoder_graph(model, shortlisted), str(out / ENCODER))
+        onnx.save(pass_graph(model, shortlisted), str(out / PASS))
 
 
 def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS)) -> None:
@@ -475,33 +502,46 @@ def load_scorer(path: Path, task) -> nn.Module:
 
 
 def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
-           preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None) -> Path:
+           preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
+           shortlist: Optional[Path] = None) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
-    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any) and ``scorer`` (an autoregressive
-    checkpoint that chooses among candidates, :func:`scorer_graph`), if given."""
+    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
+    checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
+    ``python -m fairseq_insertion.shortlist``), if given."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
     model, task = load(path, data)
     teacher = load_scorer(scorer, task) if scorer is not None else None
+    table = None
+    if shortlist is not None:
+        try:
+            table = Shortlist.load(shortlist, len(task.source_dictionary), len(task.target_dictionary))
+        except ValueError as exc:
+            raise ExportError(f"--shortlist: {exc}") from None
     return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
-                        teacher)
+                        teacher, table)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
-                 scorer: Optional[nn.Module] = None) -> Path:
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None) -> Path:
     """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
     raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
-    transformer of the same dictionaries that chooses among candidates (``scorer.onnx``)."""
+    transformer of the same dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the
+    lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list)."""
     config = config or DecodingConfig()
     if config.unkpen:
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
                           "unkpen 0")
     if preprocessing is not None:
         P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
+    if shortlist is not None and (shortlist.target_vocab, len(shortlist.translations)) != (len(tgt_dict),
+                                                                                           len(src_dict)):
+        raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
+                          f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
     out.mkdir(parents=True, exist_ok=True)
-    export_graphs(model, out)
+    export_graphs(model, out, shortlist is not None)
     (out / SCORER).unlink(missing_ok=True)
     if scorer is not None:
         with torch.no_grad():
@@ -514,6 +554,10 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
     values, names = settings(model, src_dict, tgt_dict, config, int8), CHECKED
     if scorer is not None:
         values["scorer"], names = SCORER, (*names, SCORER)
+    (out / SHORTLIST).unlink(missing_ok=True)
+    if shortlist is not None:
+        shortlist.save(out / SHORTLIST)
+        values["shortlist"], names = SHORTLIST, (*names, SHORTLIST)
     if preprocessing is not None:
         codes = preprocessing.bpe_codes and BPE_CODES
         if codes:
@@ -535,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerank-with", type=Path, default=None, metavar="CHECKPOINT",
                    help="an autoregressive fairseq transformer of the same dictionaries (e.g. the distillation "
                    "teacher), exported as scorer.onnx: it chooses among the --eos-penalties candidates")
+    p.add_argument("--shortlist", type=Path, default=None, metavar="TABLE",
+                   help="a lexical shortlist table (python -m fairseq_insertion.shortlist), exported as "
+                   f"{SHORTLIST}: each sentence's slots choose among its list only")
     add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
     P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
                     f"--data's {P.RECORD} when it has one")
@@ -548,7 +595,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
-        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with)
+        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
+                     args.shortlist)
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2

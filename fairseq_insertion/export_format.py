@@ -28,6 +28,7 @@ from .preprocess import PreprocessError, Preprocessing
 FORMAT_VERSION = 3
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates (export --rerank-with), optional
+SHORTLIST = "shortlist.npz"  # the lexical shortlist table (export --shortlist), optional: the graphs then take lists
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
@@ -42,14 +43,18 @@ def source_names(layers: int) -> Tuple[str, ...]:
     return (*(f"keys_{i}" for i in range(layers)), *(f"values_{i}" for i in range(layers)))
 
 
-def graph_io(name: str, layers: int) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them."""
+def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them;
+    ``shortlisted``: exported with a shortlist (each sentence's list (B, L) and its rows of the vocabulary
+    projection (B, C, L), which the encoder gathers once)."""
+    listed = ("shortlist",) if shortlisted else ()
     if name == ENCODER:
-        return ("src_tokens",), source_names(layers)
+        return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))
     if name == SCORER:
         return ("src_tokens", "rows", "target", "prev_tokens"), ("log_probs",)
     return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
-             "no_end", "k"), ("tokens", "log_probs", "eos_log_probs", "location"))
+             "no_end", "k", *(("shortlist", "shortlist_weights") if shortlisted else ())),
+            ("tokens", "log_probs", "eos_log_probs", "location"))
 
 
 class TranslatorError(ValueError):
@@ -158,6 +163,18 @@ def check_scorer(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]
     return model_dir / name
 
 
+def check_shortlist(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
+    """``shortlist``: the shortlist table's file (none when the key is absent), there and not empty."""
+    name = settings.get("shortlist")
+    if name is None:
+        return None
+    Where(model_dir / SETTINGS).expect(name == SHORTLIST, "shortlist", f"must be {SHORTLIST!r}, got {name!r}")
+    if not (model_dir / name).is_file() or (model_dir / name).stat().st_size == 0:
+        raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records a shortlist: "
+                              "export again)")
+    return model_dir / name
+
+
 def check_scorer_graph(path: Path, session: Any, target_size: int) -> None:
     """The scorer's inputs and outputs are the export's and its vocabulary the target's."""
     check_graph_io(path, session, 0)
@@ -259,23 +276,24 @@ def _json_type(value: Any, kind: type) -> bool:
 
 
 # ---------------------------------------------------------------- the graphs
-def check_graph_io(path: Path, session: Any, layers: int) -> None:
+def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = False) -> None:
     """The graph's input and output names are the export's."""
-    inputs, outputs = graph_io(path.name, layers)
+    inputs, outputs = graph_io(path.name, layers, shortlisted)
     have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
     if have != (inputs, outputs):
         raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
                               f"{path.name} has {list(inputs)} and {list(outputs)}")
 
 
-def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int]) -> None:
-    """Both graphs against each other, settings.json's decoder layers and the vocabulary files."""
+def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int],
+                 shortlisted: bool = False) -> None:
+    """Both graphs against each other, settings.json's decoder layers and shortlist and the vocabulary files."""
     keyed = sum(o.name.startswith("keys_") for o in encoder.get_outputs())
     if keyed and keyed != layers:
         raise TranslatorError(f"{model_dir / ENCODER}: keys for {keyed} decoder layers, {model_dir / SETTINGS} "
                               f"says model.decoder_layers {layers}")
-    check_graph_io(model_dir / ENCODER, encoder, layers)
-    check_graph_io(model_dir / PASS, decoder_pass, layers)
+    check_graph_io(model_dir / ENCODER, encoder, layers, shortlisted)
+    check_graph_io(model_dir / PASS, decoder_pass, layers, shortlisted)
     given = {o.name: o.shape for o in encoder.get_outputs()}  # (batch, heads, source, head dim) each
     for node in decoder_pass.get_inputs()[1:1 + 2 * layers]:
         if [node.shape[i] for i in (1, 3)] != [given[node.name][i] for i in (1, 3)]:

@@ -77,8 +77,8 @@ class ModelBackend:
     def reorder(self, cache: Any, rows: Tensor) -> Any:
         return self.model.reorder_decoding_cache(cache, rows)
 
-    def first_tokens(self, cache: Any, batch: int, k: int) -> Tuple[Tensor, Tensor]:
-        return self.generator._first_tokens(self.model, cache, k, batch, self.src_tokens.device)
+    def first_tokens(self, cache: Any, batch: int, k: int, shortlist: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        return self.generator._first_tokens(self.model, cache, k, batch, self.src_tokens.device, shortlist)
 
     def score(self, tokens: Tensor, lengths: Tensor, per_source: int) -> Optional[Tensor]:
         g = self.generator
@@ -156,6 +156,8 @@ class InsertionGenerator:
         self.slot_rule = S.SlotRule.build((self.bos, self.pad, self.eos), self.eos, tgt_dict.unk(),
                                           self.word_edges.joins_next.numpy(), self.word_edges.joins_prev.numpy(),
                                           self.config.unkpen)  # what a slot may receive
+        self.shortlist = None if self.config.shortlist is None else S.Shortlist.load(
+            self.config.shortlist, len(self.src_dict), len(tgt_dict))  # (--shortlist) each sentence's list
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
                       "batches": 0}
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
@@ -181,9 +183,12 @@ class InsertionGenerator:
         init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
         backend = ModelBackend(self, model, src_tokens, src_lengths, self.word_edges.to(src_tokens.device))
         unordered = cfg.constraint_order == "unordered" and constraints is not None
+        shortlist = None if self.shortlist is None else torch.from_numpy(S.shortlist_rows(
+            self.shortlist, src_tokens.cpu().numpy(), (self.bos, self.pad, self.eos, self.tgt_dict.unk()),
+            init.tokens.cpu().numpy())).to(src_tokens.device)
         found = L.decode(backend, cache, init, max_len, cfg, _termination(model), self.eos, self.pad,
                          self.word_edges.active, _reorder_constraints if unordered else None,
-                         self._record if cfg.retain_history else None)
+                         self._record if cfg.retain_history else None, shortlist)
         hypos = self._hypos(found, src_tokens.size(0))
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
                            torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), found.passes)
@@ -232,13 +237,14 @@ class InsertionGenerator:
             rows.append(h)
         return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
 
-    def _first_tokens(self, model, cache, k: int, B: int, device) -> Tuple[Tensor, Tensor]:
+    def _first_tokens(self, model, cache, k: int, B: int, device, shortlist: Optional[Tensor] = None
+                      ) -> Tuple[Tensor, Tensor]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`):
         the empty canvas's one slot, end-of-slot, bos, pad and unk excluded, best first (B, k), and their
         log p(c | l) (B, k)."""
         framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
         content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
-        barred = L.first_insertion_inputs(TORCH, B, self.tgt_dict.unk(), framed)
+        barred = L.first_insertion_inputs(TORCH, B, self.tgt_dict.unk(), framed, shortlist)
         tokens, log_probs, _ = S.choose(self.slot_rule, content, barred, k)  # (B, k) each
         return tokens, log_probs
 

@@ -92,14 +92,14 @@ class Shortlist(NamedTuple):
         return table
 
 
-def shortlist_rows(table: Shortlist, src_tokens: np.ndarray, rule: SlotRule, given: Optional[np.ndarray] = None
-                   ) -> np.ndarray:
+def shortlist_rows(table: Shortlist, src_tokens: np.ndarray, specials: Sequence[int],
+                   given: Optional[np.ndarray] = None) -> np.ndarray:
     """(B, L) each sentence's shortlist, from its source tokens ``src_tokens`` (B, S) and the tokens it must
-    contain ``given`` (B, X) (its constraints): every id below the rule's largest special (so a special's
-    position is its id), the frequent words, its source words' translations and ``given``, ascending, then
-    V (= the target vocabulary's size) as padding."""
+    contain ``given`` (B, X) (its constraints): every id up to the largest of ``specials`` (bos, pad, eos, unk:
+    a special's position is then its id), the frequent words, its source words' translations and ``given``,
+    ascending, then V (= the target vocabulary's size) as padding."""
     B, V = src_tokens.shape[0], table.target_vocab
-    first = max(rule.specials + (rule.eos, rule.unk)) + 1
+    first = max(specials) + 1
     member = np.zeros((B, V + 1), dtype=bool)  # (B, V + 1)
     member[:, :first] = True
     member[:, table.frequent] = True

@@ -14,8 +14,8 @@ pytest.importorskip("onnx")
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
-from fairseq_insertion.export import ExportError, Graph, _io, export_model  # noqa: E402
 from fairseq_insertion.decoding import TORCH  # noqa: E402
+from fairseq_insertion.export import ExportError, Graph, _io, export_model  # noqa: E402
 from fairseq_insertion.loop import NUMPY, SlotInputs, shortlist_positions  # noqa: E402
 from fairseq_insertion.slots import Shortlist, SlotRule, choose, choose_graph, shortlist_rows  # noqa: E402
 
@@ -148,7 +148,8 @@ def shortlist_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) ->
     choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k",
                  ids="ids")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", "L"]), _io("ids", TensorProto.INT64, ["open", "L"]),
-                     _io("blocked", TensorProto.INT64, ["open", "m"]), _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
+                     _io("blocked", TensorProto.INT64, ["open", "m"]),
+                     _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
                      _io("word_edges", TensorProto.INT64, ["open"]), _io("no_end", TensorProto.BOOL, ["open", 1]),
                      _io("k", TensorProto.INT64, [1])],
                     [_io(name, dtype, ["open", k]) for name, dtype, k in (("tokens", TensorProto.INT64, "k"),
@@ -166,7 +167,7 @@ def test_shortlist_rows_hold_the_specials_frequent_translations_and_constraints_
     src = gen.integers(4, Vs, size=(4, 5))
     src[1, 3:] = PAD  # a shorter sentence, right-padded
     given = np.asarray([[9, 9], [PAD, PAD], [29, 4], [PAD, 11]])
-    rows = shortlist_rows(table, src, rule_of(np.zeros(V, bool), np.zeros(V, bool)), given)
+    rows = shortlist_rows(table, src, (BOS, PAD, EOS, UNK), given)
     for b in range(4):
         want = sorted({0, 1, 2, 3, 5, 7} | {int(t) for s in src[b] for t in table.translations[s]}
                       | {int(t) for t in given[b]})

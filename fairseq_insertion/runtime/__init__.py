@@ -58,6 +58,7 @@ from ..config import RUNTIME_OPTIONS, DecodingConfig
 from ..export_format import TranslatorError
 from ..loop import Canvases, SlotScores
 from ..preprocess import GAP, PreprocessError, Preprocessing, detokenize, prepare_constraint, prepare_line
+from ..slots import Shortlist, shortlist_rows
 
 logger = logging.getLogger(__name__)
 _ONE = np.ones(1, np.int64)  # the pass's k: its best token per open slot
@@ -112,8 +113,9 @@ class Passes:
     def reorder(self, source: Source, rows: np.ndarray) -> Source:
         return source.take(rows)
 
-    def first_tokens(self, source: Source, batch: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
-        return self.translator._first_tokens(source, batch, k)
+    def first_tokens(self, source: Source, batch: int, k: int, shortlist: Optional[np.ndarray]
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+        return self.translator._first_tokens(source, batch, k, shortlist)
 
     def score(self, tokens: np.ndarray, lengths: np.ndarray, per_source: int) -> Optional[np.ndarray]:
         t = self.translator
@@ -146,8 +148,9 @@ class Translator:
         """How raw text was prepared for the model (the export's record), or None."""
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
         scorer = F.check_scorer(self.settings, self.model_dir)
+        shortlist = F.check_shortlist(self.settings, self.model_dir)
         F.check_digests(self.model_dir, self.settings,
-                        [Path(p).name for p in (scorer, codes) if p is not None])
+                        [Path(p).name for p in (scorer, codes, shortlist) if p is not None])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
         settings_path = self.model_dir / F.SETTINGS
@@ -169,7 +172,14 @@ class Translator:
         self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers)
         self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
-                       (len(self.source_symbols), len(self.target_symbols)))
+                       (len(self.source_symbols), len(self.target_symbols)), shortlist is not None)
+        self._shortlist: Optional[Shortlist] = None
+        """The export's lexical shortlist (``export --shortlist``): each sentence's slots choose from its list."""
+        if shortlist is not None:
+            try:
+                self._shortlist = Shortlist.load(shortlist, len(self.source_symbols), len(self.target_symbols))
+            except ValueError as exc:
+                raise TranslatorError(str(exc)) from None
         self._scorer = None
         """The export's scorer (``export --rerank-with``): it orders each sentence's candidates."""
         if scorer is not None:
@@ -334,10 +344,15 @@ class Translator:
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
         src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
-        source = Source({**dict(zip(self._source_names, self._encoder.run(None, {"src_tokens": src}))),
+        start, feeds, shortlist = self._start(constraints, B), {"src_tokens": src}, None
+        if self._shortlist is not None:
+            shortlist = feeds["shortlist"] = shortlist_rows(self._shortlist, src, (self.bos, self.pad, self.eos,
+                                                                                  self.unk), start.tokens)  # (B, L)
+        names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
+        source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        found = L.decode(Passes(self, opts, src), source, self._start(constraints, B), max_len, opts,
-                         self.termination, self.eos, self.pad, self.word_scheme != "none")
+        found = L.decode(Passes(self, opts, src), source, start, max_len, opts, self.termination, self.eos,
+                         self.pad, self.word_scheme != "none", shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
         best = order[::n]  # (B,)
@@ -348,12 +363,13 @@ class Translator:
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
 
-    def _first_tokens(self, source: Source, B: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _first_tokens(self, source: Source, B: int, k: int, shortlist: Optional[np.ndarray] = None
+                      ) -> Tuple[np.ndarray, np.ndarray]:
         """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
         best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk
         barred, its k best tokens."""
         framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
-        barred = L.first_insertion_inputs(L.NUMPY, B, self.unk, framed)
+        barred = L.first_insertion_inputs(L.NUMPY, B, self.unk, framed, shortlist)
         tokens, log_probs, _, _ = self._pass.run(None, {
             "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64), **self._feeds(barred, B),
             "k": np.asarray([k], np.int64)})
@@ -396,10 +412,13 @@ class Translator:
         constant = self._constant
         penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
             constant(n, inputs.eos_penalty, np.float32)  # (N,)
-        return {"eos_penalty": penalty[:, None],
-                "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
-                "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
-                "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
+        feeds = {"eos_penalty": penalty[:, None],
+                 "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
+                 "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
+                 "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
+        if inputs.shortlist is not None:
+            feeds["shortlist"] = inputs.shortlist
+        return feeds
 
     def _constant(self, n: int, value: Any, dtype: Any) -> np.ndarray:
         """(n,) ``value``: one read-only array per value and type, grown as needed and sliced (no allocation per
