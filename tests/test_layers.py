@@ -3,7 +3,8 @@ config (decoding options, standard library only) <- loop (the decoding loop of b
 numpy only) <- slots (the slot rule: its torch and graph applications, numpy only) <- preprocess
 (raw text, standard library until a line is prepared) <- export_format (the exported files, standard library)
 <- runtime (the deployment subpackage) <- decoding (torch's arrays for the loop) <- canvas (training),
-precision, fairseq_fixes, constraints <- weights (the decoder's weights as inference reads them) <- fast_decoder,
+precision, fairseq_fixes, constraints, shortlist (the lexical shortlist table from a data-bin) <- weights (the
+decoder's weights as inference reads them) <- fast_decoder,
 checkpoints, hub_interface <- model <- criterion, generator, rerank <- task <- hub <- export (ONNX) <- the package
 <- __main__ (the option listing);
 visualize (it reads fairseq-generate output) imports none of them; the runtime imports
@@ -18,7 +19,7 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
 LAYERS = ["config", "loop", "slots", "preprocess", "export_format", "runtime", "decoding", "canvas", "visualize",
-          "precision", "fairseq_fixes", "constraints", "weights", "fast_decoder",
+          "precision", "fairseq_fixes", "constraints", "shortlist", "weights", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]
 SUBPACKAGES = {"runtime"}  # imported by its name from the modules above it
