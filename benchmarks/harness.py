@@ -156,16 +156,19 @@ class Fairseq(Engine):
 
 class Runtime(Engine):
     """The insertion model exported (``precision``: fp32 or int8), run by the plugin's runtime; ``scorer``: an
-    autoregressive checkpoint exported beside it that orders the ``eos_penalties`` candidates."""
+    autoregressive checkpoint exported beside it that orders the ``eos_penalties`` candidates; ``shortlist``: a
+    lexical shortlist table exported with it."""
 
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
-        self.options = {k: v for k, v in system.options.items() if k not in ("precision", "constraints", "scorer")}
+        self.options = {k: v for k, v in system.options.items()
+                        if k not in ("precision", "constraints", "scorer", "shortlist")}
         self.options.update(max_len_a=where.max_len[0], max_len_b=where.max_len[1])
         self.dir, self.translator = where.work / "export" / system.name, None
-        scorer = system.options.get("scorer")
+        scorer, shortlist = system.options.get("scorer"), system.options.get("shortlist")
         export(system.checkpoint, where.data_bin, self.dir, int8=system.options.get("precision") == "int8",
-               config=DecodingConfig(**self.options), scorer=Path(scorer) if scorer else None)
+               config=DecodingConfig(**self.options), scorer=Path(scorer) if scorer else None,
+               shortlist=Path(shortlist) if shortlist else None)
 
     def load(self, threads: int) -> None:
         self.translator = None

@@ -292,7 +292,7 @@ def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelPro
     """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
     attention. Mirrors fairseq's TransformerEncoderBase in inference. ``shortlisted``: also each sentence's
     list ``shortlist`` (B, L) (:func:`fairseq_insertion.slots.shortlist_rows`; V: padding) -> its rows of the
-    vocabulary projection, ``shortlist_weights`` (B, C, L) (zeros at padding), which every pass reuses."""
+    vocabulary projection, ``shortlist_weights`` (B, L, C) (zeros at padding), which every pass reuses."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
     x, _ = _encode(g, enc)
@@ -303,10 +303,9 @@ def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelPro
     if shortlisted:
         W = slot_head(dec).output.weight  # (V, C)
         padded = torch.cat([W, W.new_zeros(1, W.size(1))])  # (V + 1, C)
-        g.output("Transpose", "shortlist_weights", g.op("Gather", g.const(padded, "output_projection"), "shortlist",
-                                                        axis=0), perm=[0, 2, 1])  # (B, C, L)
+        g.output("Gather", "shortlist_weights", g.const(padded, "output_projection"), "shortlist", axis=0)  # (B, L, C)
         listed_in = [_io("shortlist", TensorProto.INT64, ["batch", "listed"])]
-        listed_out = [_io("shortlist_weights", TensorProto.FLOAT, ["batch", W.size(1), "listed"])]
+        listed_out = [_io("shortlist_weights", TensorProto.FLOAT, ["batch", "listed", W.size(1)])]
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"]), *listed_in],
                    [*(_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names), *listed_out],
                    vocab_size=enc.embed_tokens.num_embeddings)
@@ -340,7 +339,7 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
     """One decoding pass (see the module's docstring for its inputs and outputs); ``shortlisted``: the open
-    slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, C, L), from the
+    slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, L, C), from the
     encoder graph)."""
     dec = model.decoder
     d = dec.dictionary
@@ -356,7 +355,7 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
     heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     C = dec.output_projection.weight.size(1)
     listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
-              _io("shortlist_weights", TensorProto.FLOAT, ["rows", C, "listed"])] if shortlisted else []
+              _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]),
          *(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in names),
@@ -378,7 +377,7 @@ def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: s
     final states x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``,
     log p(l) (A, W-1), -inf at padding slots, and returns the content scores of the ``open_slots`` (N,)
     (flat indices into the A x (W-1) slots) alone, (N, V), and None; ``shortlisted``: their scores over their
-    sentence's list (the inputs ``shortlist`` (A, L) and ``shortlist_weights`` (A, C, L)), (N, L), and the
+    sentence's list (the inputs ``shortlist`` (A, L) and ``shortlist_weights`` (A, L, C)), (N, L), and the
     listed ids (N, L)."""
     end = np.iinfo(np.int64).max
     pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
@@ -389,7 +388,8 @@ def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: s
     g.output("LogSoftmax", "location", g.op("Where", real, loc, g.scalar(float("-inf"))), axis=-1)
     C = head.output.weight.size(1)
     if shortlisted:  # each canvas's slots by its sentence's rows of the projection, then the open ones
-        scores = g.op("MatMul", H, "shortlist_weights")  # (A, S, L)
+        scores = g.op("MatMul", H, g.op("Transpose", "shortlist_weights", perm=[0, 2, 1]))  # (A, S, L) (one
+        # FusedMatMul once onnxruntime optimises the graph)
         S = g.op("Gather", g.op("Shape", H), g.const(np.asarray(1, np.int64), "slots_axis"), axis=0)  # ()
         ids = g.op("Gather", "shortlist", g.op("Div", open_slots, S), axis=0)  # (N, L)
         listed = g.op("Gather", g.op("Reshape", scores, g.op("Concat", g.ints(-1), g.op("Shape", "shortlist", start=1),

@@ -46,7 +46,7 @@ def source_names(layers: int) -> Tuple[str, ...]:
 def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them;
     ``shortlisted``: exported with a shortlist (each sentence's list (B, L) and its rows of the vocabulary
-    projection (B, C, L), which the encoder gathers once)."""
+    projection (B, L, C), which the encoder gathers once)."""
     listed = ("shortlist",) if shortlisted else ()
     if name == ENCODER:
         return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))

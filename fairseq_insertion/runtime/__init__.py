@@ -93,7 +93,8 @@ class Source(NamedTuple):
     inputs: Dict[str, np.ndarray]  # each decoder layer's keys and values (A, heads, S, d); src_mask (A, S) int32
 
     def take(self, idx: np.ndarray) -> "Source":
-        return Source({name: value[idx] for name, value in self.inputs.items()})
+        return Source({name: np.take(value, idx, axis=0) for name, value in self.inputs.items()})  # numpy's
+        # fancy indexing copies an (A, L, C) array ten times slower
 
 
 @dataclass(frozen=True)
