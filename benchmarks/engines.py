@@ -5,7 +5,8 @@ seconds) against the others; identical hypotheses of the runtime and PyTorch, of
 and of each engine at its smallest and largest batch. Writes OUT/engines.json, .md and OUT/hyps/.
 
     python -m benchmarks.engines --teacher KIT/checkpoint.pt --data-bin KIT/data-bin --insertion INS/checkpoint.pt \\
-        --ref DATA/raw/test.tgt --out OUT [--eos-penalty 3] [--threads 1 2] [--batches 1 8 128] [--rounds 3]
+        --ref DATA/raw/test.tgt --out OUT [--eos-penalty 3] [--threads 1 2] [--batches 1 8 128] [--rounds 3] \
+        [--shortlist TABLE/shortlist.npz]
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from . import report as T
 
 
 def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0.0,
-            candidates: dict | None = None) -> dict[str, H.System]:
+            candidates: dict | None = None, shortlist: Path | None = None) -> dict[str, H.System]:
     """The engines compared, by name: the teacher's greedy decode and the insertion model's (the same options
     for the runtime and PyTorch: the recipes' repetition rules); with ``candidates`` (the runtime's options:
     ``eos_penalties``, ``lenpen``, ``rerank_weight``), also the runtime's candidates ordered by the teacher
-    exported as its scorer, against the teacher's beam search (beam 5)."""
-    S, rules, both = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}, ("fp32", "int8")
+    exported as its scorer, against the teacher's beam search (beam 5); ``shortlist``: the insertion model's
+    lexical shortlist table (the runtime's export and the PyTorch generator take it)."""
+    S, both = H.System, ("fp32", "int8")
+    rules = {"eos_penalty": eos_penalty, **H.REPETITION, **({"shortlist": str(shortlist)} if shortlist else {})}
     chosen = {**rules, **{k: v for k, v in (candidates or {}).items() if k != "scorer"},
               "scorer": str(teacher) if teacher and (candidates or {}).get("scorer", True) else None}
     found = [*(S(f"teacher_ctranslate2_{p}", teacher, "ctranslate2", {"precision": p}) for p in both),
@@ -100,8 +103,8 @@ def row_name(key: str, threads: int, batch: int) -> str:
 
 def measure(args: argparse.Namespace, where: H.Where, inputs: H.Inputs, results: dict) -> dict[str, list[str]]:
     """Every engine at every thread count and batch: the rows of ``results``; the hypotheses by row."""
-    wanted = [s for k, s in systems(args.teacher, args.insertion, args.eos_penalty, candidates(args)).items()
-              if k in args.engines]
+    wanted = [s for k, s in systems(args.teacher, args.insertion, args.eos_penalty, candidates(args),
+                                    args.shortlist).items() if k in args.engines]
     try:
         import ctranslate2  # noqa: F401  a benchmark dependency only
     except ImportError:
@@ -237,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scorer", action="store_true", help="with --candidates: ordered by the model's score (no "
                    "teacher exported)")
     p.add_argument("--rerank-weight", type=float, default=0.0, help="with --candidates: lambda, the model's weight")
+    p.add_argument("--shortlist", type=Path, help="the insertion model's lexical shortlist table (python -m "
+                   "fairseq_insertion.shortlist), for the runtime (exported with it) and the PyTorch generator")
     names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}))
     p.add_argument("--engines", nargs="+", choices=names, default=[n for n in names if not n.endswith(("beam5",
                    "candidates"))], help="default all but the candidates' and beam rows (name them, with "
@@ -248,11 +253,13 @@ def run(args: argparse.Namespace) -> tuple:
     names = T.placeholders({"DATA-BIN": args.data_bin, "KIT": args.teacher.parent,
                             "INS": args.insertion.parent, "DATA": args.ref.parent, "OUT": args.out,
                             **({"CODES": args.bpe_codes.parent} if args.bpe_codes and args.bpe_codes.parent.resolve()
-                               != args.teacher.parent.resolve() else {})})
+                               != args.teacher.parent.resolve() else {}),
+                            **({"TABLE": args.shortlist.parent} if args.shortlist else {})})
     inputs = H.inputs(args.data_bin, "test", args.ref, args.sentences)
     results = {"thread_counts": args.threads, "batches": sorted(set(args.batches)), "rounds": args.rounds,
                "test_set": f"{args.ref.name} (test split of the data-bin)", "sentences": len(inputs.sources),
-               "eos_penalty": args.eos_penalty, "candidates": candidates(args), "rows": [], "notes": []}
+               "eos_penalty": args.eos_penalty, "candidates": candidates(args), "rows": [], "notes": [],
+               "shortlist": args.shortlist and args.shortlist.name}
     args.batches = results["batches"]
     hyps = measure(args, H.Where(args.data_bin, args.out), inputs, results)
     compare(results, hyps)

@@ -30,8 +30,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 from fairseq.data import Dictionary, data_utils, indexed_dataset
 
-from .loop import word_edge_table
-from .slots import Shortlist, SlotRule, shortlist_rows
+from .slots import Shortlist, shortlist_rows
 
 PROG = "python -m fairseq_insertion.shortlist"
 CHECK_BATCH = 1024  # sentences per shortlist_rows call in --check: a (B, V) table each
@@ -198,17 +197,15 @@ def build(data: Path, frequent: int = 200, translations: int = 50, split: str = 
     return build_from(open_data(Path(data), source_lang, target_lang), frequent, translations, split)
 
 
-def slot_rule(dictionary: Dictionary) -> SlotRule:
-    """The slot rule of a target dictionary, as the generator builds it (no unknown-word penalty)."""
-    _, joins_next, joins_prev = word_edge_table(dictionary.symbols, dictionary.nspecial)
-    return SlotRule.build((dictionary.bos(), dictionary.pad(), dictionary.eos()), dictionary.eos(), dictionary.unk(),
-                          joins_next, joins_prev)
+def specials(dictionary: Dictionary) -> Tuple[int, int, int, int]:
+    """The ids every list holds (and those below them): bos, pad, eos and unk."""
+    return dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()
 
 
 def coverage_of(table: Shortlist, d: DataBin, split: str) -> Coverage:
     """How ``table`` covers ``split``'s references: each sentence's list from its source (no constraints)."""
     src, tgt = read_split(d, split)
-    rule, V, B = slot_rule(d.target), table.target_vocab, len(src.lengths)
+    held, V, B = specials(d.target), table.target_vocab, len(src.lengths)
     s_sent, t_sent = src.sentence, tgt.sentence  # (Ns,), (Nt,)
     width = int(src.lengths.max()) if B else 0
     padded = np.full((B, width), d.source.pad(), dtype=np.int64)  # (B, S) right-padded sources
@@ -217,7 +214,7 @@ def coverage_of(table: Shortlist, d: DataBin, split: str) -> Coverage:
     covered = np.zeros(len(tgt.tokens), dtype=bool)  # (Nt,)
     size = 0
     for start in range(0, B, CHECK_BATCH):
-        rows = shortlist_rows(table, padded[start:start + CHECK_BATCH], rule)  # (b, L), V after the list
+        rows = shortlist_rows(table, padded[start:start + CHECK_BATCH], held)  # (b, L), V after the list
         member = np.zeros((len(rows), V + 1), dtype=bool)  # (b, V + 1)
         member[np.arange(len(rows))[:, None], rows] = True
         member[:, V] = False
