@@ -29,10 +29,9 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
     """The engines compared, by name: the teacher's greedy decode and the insertion model's (the same options
     for the runtime and PyTorch: the recipes' repetition rules); with ``candidates`` (the runtime's options:
     ``eos_penalties``, ``lenpen``, ``rerank_weight``), also the runtime's candidates ordered by the teacher
-    exported as its scorer, against the teacher's beam search (beam 5); ``shortlist``: the insertion model's
-    lexical shortlist table (the runtime's export and the PyTorch generator take it)."""
-    S, both = H.System, ("fp32", "int8")
-    rules = {"eos_penalty": eos_penalty, **H.REPETITION, **({"shortlist": str(shortlist)} if shortlist else {})}
+    exported as its scorer, against the teacher's beam search (beam 5); ``shortlist``: also the insertion
+    model's parallel decode with this lexical shortlist table (the runtime, exported with it, and PyTorch)."""
+    S, rules, both = H.System, {"eos_penalty": eos_penalty, **H.REPETITION}, ("fp32", "int8")
     chosen = {**rules, **{k: v for k, v in (candidates or {}).items() if k != "scorer"},
               "scorer": str(teacher) if teacher and (candidates or {}).get("scorer", True) else None}
     found = [*(S(f"teacher_ctranslate2_{p}", teacher, "ctranslate2", {"precision": p}) for p in both),
@@ -43,6 +42,11 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
              S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules})]
+    if shortlist:
+        listed = {"decoding": "parallel", **rules, "shortlist": str(shortlist)}
+        found += [*(S(f"insertion_runtime_{p}_shortlist", insertion, "runtime", {"precision": p, **listed})
+                    for p in both),
+                  S("insertion_pytorch_fp32_shortlist", insertion, "fairseq", listed)]
     if candidates:
         found += [*(S(f"teacher_ctranslate2_{p}_beam5", teacher, "ctranslate2", {"precision": p, "beam": 5})
                     for p in both),
@@ -63,11 +67,25 @@ class Pair(NamedTuple):
 PARITY = [Pair("runtime fp32 = PyTorch, parallel", "insertion_runtime_fp32", "insertion_pytorch_fp32", 0.995, 0.05),
           Pair("runtime fp32 = PyTorch, greedy", "insertion_runtime_fp32_greedy", "insertion_pytorch_fp32_greedy",
                0.995, 0.05),
-          Pair("CTranslate2 fp32 = fairseq (teacher)", "teacher_ctranslate2_fp32", "teacher_fairseq_fp32")]
+          Pair("runtime fp32 = PyTorch, parallel with the shortlist", "insertion_runtime_fp32_shortlist",
+               "insertion_pytorch_fp32_shortlist", 0.995, 0.05),
+          Pair("CTranslate2 fp32 = fairseq (teacher)", "teacher_ctranslate2_fp32", "teacher_fairseq_fp32"),
+          Pair("the shortlist = none, runtime fp32", "insertion_runtime_fp32_shortlist", "insertion_runtime_fp32",
+               0.95, 0.1),
+          Pair("the shortlist = none, runtime int8", "insertion_runtime_int8_shortlist", "insertion_runtime_int8",
+               0.95, 0.1)]
 INT8 = [Pair("runtime int8 - fp32 BLEU, parallel", "insertion_runtime_int8", "insertion_runtime_fp32", 0.3),
         Pair("CTranslate2 int8 - fp32 BLEU (teacher)", "teacher_ctranslate2_int8", "teacher_ctranslate2_fp32")]
 SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "teacher_ctranslate2_fp32", 1.0),
          Pair("runtime / CTranslate2 seconds, int8", "insertion_runtime_int8", "teacher_ctranslate2_int8", 1.0),
+         Pair("runtime with the shortlist / CTranslate2 seconds, fp32", "insertion_runtime_fp32_shortlist",
+              "teacher_ctranslate2_fp32", 1.0),
+         Pair("runtime with the shortlist / CTranslate2 seconds, int8", "insertion_runtime_int8_shortlist",
+              "teacher_ctranslate2_int8", 1.0),
+         Pair("runtime with the shortlist / without seconds, fp32", "insertion_runtime_fp32_shortlist",
+              "insertion_runtime_fp32", 1.0),
+         Pair("runtime with the shortlist / without seconds, int8", "insertion_runtime_int8_shortlist",
+              "insertion_runtime_int8", 1.0),
          Pair("runtime / fairseq teacher seconds, fp32", "insertion_runtime_fp32", "teacher_fairseq_fp32", 1.0),
          Pair("PyTorch insertion / fairseq teacher seconds, fp32", "insertion_pytorch_fp32", "teacher_fairseq_fp32",
               1.0),
@@ -240,12 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scorer", action="store_true", help="with --candidates: ordered by the model's score (no "
                    "teacher exported)")
     p.add_argument("--rerank-weight", type=float, default=0.0, help="with --candidates: lambda, the model's weight")
-    p.add_argument("--shortlist", type=Path, help="the insertion model's lexical shortlist table (python -m "
-                   "fairseq_insertion.shortlist), for the runtime (exported with it) and the PyTorch generator")
-    names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}))
+    p.add_argument("--shortlist", type=Path, help="a lexical shortlist table (python -m fairseq_insertion.shortlist): "
+                   "rows of the insertion model's parallel decode with it (the runtime, exported with it, and PyTorch)")
+    names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}, shortlist=Path("table")))
     p.add_argument("--engines", nargs="+", choices=names, default=[n for n in names if not n.endswith(("beam5",
                    "candidates"))], help="default all but the candidates' and beam rows (name them, with "
-                   "--candidates)")
+                   "--candidates); the shortlist's rows need --shortlist")
     return p
 
 

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import engines as E
@@ -213,3 +214,32 @@ def test_candidates_rows_against_the_teachers_beam(kit, tmp_path):
         assert rows["teacher_ctranslate2_fp32_beam5"]["decoding"] == "beam 5"
         speed = [t for t in res["targets"] if t["metric"].startswith("runtime candidates / CTranslate2 beam 5")]
         assert len(speed) == 2 and all(t["value"] > 0 for t in speed), speed
+
+
+def test_shortlist_rows_beside_the_plain_decode(kit, tmp_path):
+    """--shortlist: the runtime (exported with the table) and PyTorch decode with it, beside the same decode
+    without it: their parity, the share of hypotheses the table leaves unchanged and the ratio of seconds."""
+    from fairseq.data import Dictionary
+
+    from fairseq_insertion.slots import Shortlist
+
+    root = kit[0]
+    src, tgt = (Dictionary.load(str(root / "bin" / f"dict.{side}.txt")) for side in ("src", "tgt"))
+    table = tmp_path / "table.npz"
+    Shortlist(frequent=np.arange(4, 8), translations=np.zeros((len(src), 1), np.int64),
+              target_vocab=len(tgt)).save(table)  # 4 words: most outputs change
+    engines = ["insertion_runtime_fp32", "insertion_runtime_fp32_shortlist", "insertion_runtime_int8_shortlist",
+               "insertion_pytorch_fp32_shortlist"]
+    proc = benchmark(kit, tmp_path / "out", "--threads", "1", "--batches", "1", "--rounds", "1", "--shortlist", table,
+                     "--engines", *engines)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "engines.json").read_text())
+    assert {r["engine_key"] for r in res["rows"]} == set(engines)
+    assert (tmp_path / "out" / "export" / "insertion_runtime_fp32_shortlist" / "shortlist.npz").is_file()
+    parity = {p["comparison"]: p for p in res["parity"]}
+    mine = parity["runtime fp32 = PyTorch, parallel with the shortlist"]
+    assert mine["identical"] == mine["sentences"] == SENTENCES
+    listed = (tmp_path / "out" / "hyps" / "insertion_runtime_fp32_shortlist.threads1.batch1.txt").read_text().split()
+    assert listed and set(listed) <= {tgt[i] for i in range(4, 8)}
+    assert any(t["metric"].startswith("runtime with the shortlist / without seconds, fp32") for t in res["targets"])
+    assert "the shortlist = none, runtime fp32" in parity and "TABLE" in json.dumps(res["command"])
