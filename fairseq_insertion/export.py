@@ -120,20 +120,6 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
 
-    def cond(self, condition: str, then: Callable[["Graph"], Sequence[str]],
-             otherwise: Callable[["Graph"], Sequence[str]], types: Sequence[int]) -> List[str]:
-        """ONNX ``If``: ``then(g)`` or ``otherwise(g)`` builds its branch on a builder ``g`` (which reads this graph's
-        names) and returns its outputs, of the element ``types``; the chosen branch's outputs."""
-        branches = []
-        for i, build in enumerate((then, otherwise)):
-            sub = Graph(f"{self.name}_{'then' if i == 0 else 'else'}")
-            sub._count = self._count
-            results = [sub.op("Identity", r) for r in build(sub)]  # the branch's own names
-            self._count = sub._count
-            branches.append(helper.make_graph(sub.nodes, sub.name, [], [
-                helper.make_tensor_value_info(r, t, None) for r, t in zip(results, types)], sub.initializers))
-        return self.op("If", condition, outputs=len(types), then_branch=branches[0], else_branch=branches[1])
-
     def model(self, inputs: list, outputs: list, vocab_size: int) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),

@@ -172,24 +172,16 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
                top)  # (N, 1) log-normaliser
     eos_score = g.op("Gather", content, g.const(np.asarray([rule.eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
     g.output("Sub", "eos_log_probs", eos_score, lse)
-    def every_rule(b: Any) -> Tuple[str, str]:  # the exclusions of every token by each slot's class
-        if ids is None:
-            excluded = b.op("Gather", b.const(rule.excluded, "excluded"), classes, axis=0)  # (N, V)
-        else:  # (N, L) the table's entries at (class, id), flat
-            at = b.op("Add", b.op("Mul", b.op("Unsqueeze", classes, b.ints(1)),
-                                  b.const(np.asarray(V + 1, np.int64), "classes_stride")), ids)
-            excluded = b.op("Gather", b.const(_padded(rule.excluded).reshape(-1), "excluded"), at, axis=0)
-        allowed = b.op("Add", content, excluded)  # (N, V) or (N, L)
-        fill = b.op("Expand", b.scalar(NEG_INF), b.op("Shape", blocked))  # (N, M)
-        return b.op("TopK", b.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
-                    outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
-
-    if ids is not None:
-        other, other_id = every_rule(g)
-    else:  # every slot in class 0 (no constraint on the canvas): no (N, V) exclusion (onnxruntime runs one branch)
-        free = g.op("Equal", g.op("ReduceMax", classes, keepdims=0), g.const(np.asarray(0, np.int64), "class_0"))
-        other, other_id = g.cond(free, lambda b: _best_free(b, rule, content, blocked, k), every_rule,
-                                 (TensorProto_FLOAT, TensorProto_INT64))
+    if ids is None:
+        excluded = g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0)  # (N, V)
+    else:  # (N, L) the table's entries at (class, id), flat
+        at = g.op("Add", g.op("Mul", g.op("Unsqueeze", classes, g.ints(1)), g.const(np.asarray(V + 1, np.int64),
+                                                                                      "classes_stride")), ids)
+        excluded = g.op("Gather", g.const(_padded(rule.excluded).reshape(-1), "excluded"), at, axis=0)
+    allowed = g.op("Add", content, excluded)  # (N, V) or (N, L)
+    fill = g.op("Expand", g.scalar(NEG_INF), g.op("Shape", blocked))  # (N, M)
+    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
+                           outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
     if ids is not None:
         other_id = g.op("GatherElements", ids, other_id, axis=1)  # (N, k) positions to ids
     eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
@@ -197,23 +189,3 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
     g.output("Where", "tokens", eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
     g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
-
-
-TensorProto_FLOAT, TensorProto_INT64 = 1, 7  # onnx.TensorProto's element types (this module imports no onnx)
-
-
-def _best_free(g: Any, rule: SlotRule, content: str, blocked: str, k: str) -> Tuple[str, str]:
-    """The k best tokens of slots in class 0, as the full rule chooses them: among the raw table's k + M + 3 best
-    (M blocked, the 3 specials; ties: the lower id) the best k that are neither blocked nor special. (N, k) each."""
-    V = rule.excluded.shape[1]
-    wide = g.op("Min", g.op("Add", g.op("Add", k, g.op("Shape", blocked, start=1)),
-                            g.const(np.asarray([len(rule.specials)], np.int64), "specials")),
-                g.const(np.asarray([V], np.int64), "vocab"))  # (1,)
-    top, top_id = g.op("TopK", content, wide, axis=1, outputs=2)  # (N, w) best first; ties: the lower id
-    special = g.op("Gather", g.const(np.isneginf(rule.excluded[0]), "special"), top_id, axis=0)  # (N, w)
-    hit = g.op("Equal", g.op("Unsqueeze", top_id, g.ints(2)), g.op("Unsqueeze", blocked, g.ints(1)))  # (N, w, M)
-    hit = g.op("Cast", g.op("ReduceMax", g.op("Cast", hit, to=TensorProto_FLOAT), axes=[2], keepdims=0),
-               to=9)  # (N, w) bool: blocked
-    scores = g.op("Where", g.op("Or", special, hit), g.scalar(NEG_INF), top)
-    other, at = g.op("TopK", scores, k, axis=1, outputs=2)  # (N, k); ties: the earlier, the lower id
-    return other, g.op("GatherElements", top_id, at, axis=1)
