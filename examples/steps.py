@@ -251,9 +251,13 @@ def run_info(device: str) -> dict:
 
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        cpu = fields.get("model name", cpu)
+        if "cpu family" in fields:  # AMD's 25 is Zen 3/4, 26 Zen 5: kernels' speeds differ between them
+            cpu += f" (cpu family {fields['cpu family']}, model {fields.get('model', '?')})"
+    except OSError:
         pass
     machine = f"{cpu}, {os.cpu_count()} cores"
     if device == "cuda":
