@@ -112,7 +112,7 @@ def decoding(options: dict) -> str:
         return (f"parallel, {k * len(options['eos_penalties'])} candidates"
                 f"{f' ({k} first insertions)' if k > 1 else ''}, {'teacher' if options.get('scorer') else 'model'}"
                 "-ordered")
-    return options.get("decoding", "greedy")
+    return options.get("decoding", "greedy") + (", shortlist" if options.get("shortlist") else "")
 
 
 def row_name(key: str, threads: int, batch: int) -> str:
