@@ -33,6 +33,7 @@ from torch import Tensor
 from . import canvas as C
 from . import loop as L
 from . import slots as S
+from .config import DecodingError
 from .decoding import (
     CONSTRAINT_ORDERS,
     DECODINGS,
@@ -156,8 +157,12 @@ class InsertionGenerator:
         self.slot_rule = S.SlotRule.build((self.bos, self.pad, self.eos), self.eos, tgt_dict.unk(),
                                           self.word_edges.joins_next.numpy(), self.word_edges.joins_prev.numpy(),
                                           self.config.unkpen)  # what a slot may receive
-        self.shortlist = None if self.config.shortlist is None else S.Shortlist.load(
-            self.config.shortlist, len(self.src_dict), len(tgt_dict))  # (--shortlist) each sentence's list
+        self.shortlist = None  # (--shortlist) the table of each sentence's list
+        if self.config.shortlist is not None:
+            try:
+                self.shortlist = S.Shortlist.load(self.config.shortlist, len(self.src_dict), len(tgt_dict))
+            except ValueError as exc:
+                raise DecodingError(f"--shortlist (shortlist=) {exc}") from None
         self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
                       "batches": 0}
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or

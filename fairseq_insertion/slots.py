@@ -75,19 +75,21 @@ class Shortlist(NamedTuple):
     def load(cls, path: Union[str, Path], source_vocab: Optional[int] = None, target_vocab: Optional[int] = None
              ) -> "Shortlist":
         """Read a table written by :meth:`save`, checked against the dictionaries' sizes when given."""
+        if not Path(path).is_file():
+            raise ValueError(f"{path}: no such file")
         try:
             with np.load(path, allow_pickle=False) as f:
                 table = cls(frequent=f["frequent"].astype(np.int64), translations=f["translations"].astype(np.int64),
                             target_vocab=int(f["target_vocab"]))
         except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"shortlist {path}: not a shortlist table ({e})") from None
+            raise ValueError(f"{path}: not a shortlist table ({e})") from None
         if table.translations.ndim != 2 or table.frequent.ndim != 1:
-            raise ValueError(f"shortlist {path}: not a shortlist table (its arrays have the wrong shapes)")
+            raise ValueError(f"{path}: not a shortlist table (its arrays have the wrong shapes)")
         if target_vocab is not None and table.target_vocab != target_vocab:
-            raise ValueError(f"shortlist {path}: made for a target dictionary of {table.target_vocab} entries, "
+            raise ValueError(f"{path}: made for a target dictionary of {table.target_vocab} entries, "
                              f"not {target_vocab}")
         if source_vocab is not None and len(table.translations) != source_vocab:
-            raise ValueError(f"shortlist {path}: made for a source dictionary of {len(table.translations)} "
+            raise ValueError(f"{path}: made for a source dictionary of {len(table.translations)} "
                              f"entries, not {source_vocab}")
         return table
 

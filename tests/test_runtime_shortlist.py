@@ -12,7 +12,7 @@ import pytest
 import torch
 from fairseq.token_generation_constraints import pack_constraints
 
-from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig
+from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.runtime import Translator, TranslatorError
@@ -127,9 +127,11 @@ def test_a_table_of_other_dictionaries_or_changed_after_the_export_is_refused(tr
     with pytest.raises(ExportError, match="the shortlist's dictionaries have"):
         export_model(model, src, tgt, tmp_path / "x", shortlist=other)
     other.save(tmp_path / "other.npz")
-    with pytest.raises(ValueError, match="made for a target dictionary of"):
-        DecodingConfig(shortlist=str(tmp_path / "other.npz"))  # accepted as a path ...
+    DecodingConfig(shortlist=str(tmp_path / "other.npz"))  # accepted as a path ...
+    with pytest.raises(DecodingError, match=r"--shortlist \(shortlist=\) .*other.npz: made for a target dictionary"):
         InsertionGenerator(tgt, DecodingConfig(shortlist=str(tmp_path / "other.npz")), src_dict=src)  # ... refused
+    with pytest.raises(DecodingError, match="missing.npz: no such file"):
+        InsertionGenerator(tgt, DecodingConfig(shortlist=str(tmp_path / "missing.npz")), src_dict=src)
     out = export_model(model, src, tgt, tmp_path / "changed", shortlist=short)
     short._replace(frequent=short.frequent[:1]).save(out / "shortlist.npz")
     with pytest.raises(TranslatorError, match="shortlist.npz"):
