@@ -153,24 +153,22 @@ def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optiona
 
 def check_scorer(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
     """``scorer``: the scorer graph's file (none when the key is absent), there and not empty."""
-    name = settings.get("scorer")
-    if name is None:
-        return None
-    Where(model_dir / SETTINGS).expect(name == SCORER, "scorer", f"must be {SCORER!r}, got {name!r}")
-    if not (model_dir / name).is_file() or (model_dir / name).stat().st_size == 0:
-        raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records a scorer: "
-                              "export again)")
-    return model_dir / name
+    return _optional_file(settings, model_dir, "scorer", SCORER)
 
 
 def check_shortlist(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
     """``shortlist``: the shortlist table's file (none when the key is absent), there and not empty."""
-    name = settings.get("shortlist")
+    return _optional_file(settings, model_dir, "shortlist", SHORTLIST)
+
+
+def _optional_file(settings: Mapping[str, Any], model_dir: Path, key: str, expected: str) -> Optional[Path]:
+    """The file settings' ``key`` names (``expected``; none when the key is absent), there and not empty."""
+    name = settings.get(key)
     if name is None:
         return None
-    Where(model_dir / SETTINGS).expect(name == SHORTLIST, "shortlist", f"must be {SHORTLIST!r}, got {name!r}")
+    Where(model_dir / SETTINGS).expect(name == expected, key, f"must be {expected!r}, got {name!r}")
     if not (model_dir / name).is_file() or (model_dir / name).stat().st_size == 0:
-        raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records a shortlist: "
+        raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records a {key}: "
                               "export again)")
     return model_dir / name
 
