@@ -26,6 +26,10 @@ standard library only.
   line, never the end of the run.
 * :func:`skipped_inputs`: fairseq's ``GeneratorHubInterface.generate`` silently
   drops lines that are too long for the model.
+* :func:`atomic_checkpoint_copies`: fairseq-train writes each checkpoint atomically
+  (a ``.tmp`` file renamed) but copies it to ``checkpoint_last.pt`` in place, so a
+  run killed during the copy leaves a truncated file that the next run cannot resume
+  from; the copy goes through a ``.tmp`` file renamed over the target instead.
 
 Over-long lines are the task's: in fairseq-interactive and the hub they become
 an empty output with an error naming them
@@ -293,6 +297,32 @@ def fairseq_option_check(exc: BaseException, tb: Any) -> bool:
     code, path = tb.tb_frame.f_code, Path(tb.tb_frame.f_code.co_filename)
     return code.co_name == "main" and path.parent.name == "fairseq_cli" and path.name in ("generate.py",
                                                                                             "interactive.py")
+
+
+# ----------------------------------------------------------------------------
+# Checkpoint copies
+# ----------------------------------------------------------------------------
+def atomic_checkpoint_copies() -> None:
+    """Make fairseq's checkpoint copies (``checkpoint_utils.save_checkpoint``: the newest checkpoint copied to
+    ``checkpoint_last.pt`` and the others its conditions name) atomic for local files: written beside the target
+    and renamed over it, so the target is the old file or the whole new one. Installed once."""
+    from fairseq import checkpoint_utils
+
+    manager = checkpoint_utils.PathManager
+    copy = manager.copy
+    if getattr(copy, "atomic", False):
+        return
+
+    def atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if not manager.supports_rename(dst_path):
+            return copy(src_path, dst_path, overwrite)
+        tmp = f"{dst_path}.tmp"
+        done = copy(src_path, tmp, True)
+        os.replace(tmp, dst_path)
+        return done
+
+    atomic_copy.atomic = True  # type: ignore[attr-defined]
+    checkpoint_utils.PathManager = type("AtomicCopies", (manager,), {"copy": staticmethod(atomic_copy)})
 
 
 # ----------------------------------------------------------------------------

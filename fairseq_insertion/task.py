@@ -21,6 +21,7 @@ from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
 from .decoding import CONSTRAINT_ORDERS, FLAGS, DecodingConfig, DecodingError, check_search_options
 from .fairseq_fixes import (
     EMPTY_SOURCE,
+    atomic_checkpoint_copies,
     command_line_checkpoints,
     command_line_generation,
     constraint_lines_on_stdin,
@@ -91,6 +92,7 @@ class InsertionTranslationTask(TranslationTask):
 
     def __init__(self, cfg: InsertionTranslationConfig, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
+        atomic_checkpoint_copies()  # fairseq-train's checkpoint_last.pt: never left half copied
         # a decoding option that means nothing is refused before any work (fairseq's command lines: one line,
         # `prog: error: ...`, status 2: see the package's __init__)
         generation = command_line_generation(cfg)

@@ -112,12 +112,14 @@ def test_training_killed_mid_epoch_resumes_to_the_same_parameters(data, tmp_path
     common = ("--max-update", "24", "--batch-size", "8", "--save-interval-updates", "8", "--dropout", "0.1",
               "--no-epoch-checkpoints", "--disable-validation")
     run(train_args(data / "bin", tmp_path / "straight", *common))
-    # same command, killed with SIGKILL right after its first mid-epoch checkpoint, then run again
+    # same command, killed with SIGKILL right after its first mid-epoch checkpoint and its copy to
+    # checkpoint_last.pt (renamed into place whole: fairseq_fixes.atomic_checkpoint_copies), then run again
     cmd = [str(c) for c in train_args(data / "bin", tmp_path / "killed", *common)]
     cmd[0] = str(BIN / cmd[0])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while not (tmp_path / "killed" / "checkpoint_1_8.pt").exists() and proc.poll() is None:
+    while not all((tmp_path / "killed" / name).exists() for name in ("checkpoint_1_8.pt", "checkpoint_last.pt")) \
+            and proc.poll() is None:
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
     proc.kill()
@@ -128,3 +130,25 @@ def test_training_killed_mid_epoch_resumes_to_the_same_parameters(data, tmp_path
     b = torch.load(tmp_path / "killed" / "checkpoint_last.pt", weights_only=True)
     assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 24
     assert all(torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-6) for k in a["model"])
+
+
+def test_checkpoint_copies_are_renamed_into_place(tmp_path, monkeypatch):
+    """fairseq copies the newest checkpoint to checkpoint_last.pt: through a file beside it, renamed over it,
+    so a run killed mid-copy leaves the old checkpoint_last.pt whole."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_insertion.fairseq_fixes import atomic_checkpoint_copies
+
+    monkeypatch.setattr(checkpoint_utils, "PathManager", checkpoint_utils.PathManager)
+    atomic_checkpoint_copies()
+    atomic_checkpoint_copies()  # installed once
+    assert checkpoint_utils.PathManager.copy.atomic
+    (tmp_path / "new.pt").write_bytes(b"new" * 1000)
+    (tmp_path / "last.pt").write_bytes(b"old")
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (seen.append(((tmp_path / "last.pt").read_bytes(), a)),
+                                                     real_replace(a, b))[1])
+    assert checkpoint_utils.PathManager.copy(str(tmp_path / "new.pt"), str(tmp_path / "last.pt"), overwrite=True)
+    assert seen == [(b"old", str(tmp_path / "last.pt") + ".tmp")]  # the target untouched until the rename
+    assert (tmp_path / "last.pt").read_bytes() == b"new" * 1000 and not (tmp_path / "last.pt.tmp").exists()
