@@ -21,13 +21,20 @@ reused:
 4. on valid: the EOS penalty beta of parallel decoding; for the candidates (every beta of
    ``--candidates`` in one batch) the length penalty of the model's own score and of the
    teacher's (``--rerank-with``), BLEU and brevity penalty for each;
-5. on test, each timed alone at batch 128 and at batch 1: the teacher (greedy, beam 5), the
-   insertion model (parallel, the chosen beta) and the reranked candidates; with ``--precisions``,
-   the teacher (greedy) and the parallel model again at each ``--decode-precision``, both through
-   the plugin's task, with the time ratios.
+5. ``--continue-stages N``: N continuation stages, each ``--continue-updates`` updates from the previous
+   stage's model with the optimizer, learning-rate schedule, data loader and meters reset (fairseq's
+   ``--finetune-from-model``: a stage killed midway resumes from its own ``checkpoint_last.pt``), warmed
+   up again to ``--continue-lr`` over ``--continue-warmup`` updates and decayed linearly to 0, on
+   ``--continue-distilled`` (default: the distillation of step 1), seeds ``--continue-seeds``; each
+   stage's beta is chosen on valid by the same rule and the stage scored on test at it.
+   ``--continue-from CKPT`` starts the stages from an insertion checkpoint instead of steps 1-4's model;
+6. on test, each timed alone at batch 128 and at batch 1: the teacher (greedy, beam 5), the
+   insertion model (the last stage's; parallel, the chosen beta) and the reranked candidates; with
+   ``--precisions``, the teacher (greedy) and the parallel model again at each ``--decode-precision``,
+   both through the plugin's task, with the time ratios.
 
-Writes OUT/results.json (the ``ar_*`` and ``insertion_*`` rows, the valid choices, the precisions,
-commands and the machine) and prints its table.
+Writes OUT/results.json (the ``ar_*`` and ``insertion_*`` rows, the valid choices, each stage, the
+precisions, commands and the machine) and prints its table.
 """
 
 from __future__ import annotations
@@ -54,6 +61,50 @@ def fine_tune_command(args: argparse.Namespace, size: Size, distilled: Path, sav
         clip_norm=None, extra=["--init-from-transformer", args.teacher, "--warm-start-slots", "left",
                                "--save-interval-updates", args.save_every, "--keep-interval-updates", "-1",
                                *args.lang_flags, *args.train_extra])
+
+
+def continue_command(args: argparse.Namespace, size: Size, distilled: Path, save: Path, start: Path, seed: int
+                     ) -> list[str]:
+    """One continuation stage: ``start``'s weights trained ``--continue-updates`` more updates with a fresh
+    optimizer, schedule (warmup to ``--continue-lr``, linear decay to 0), data loader and meters."""
+    return train_command(
+        distilled, save, "insertion", size, updates=args.continue_updates, device=args.device,
+        lr=args.continue_lr, warmup=args.continue_warmup, linear_decay=True,
+        dropout=args.dropout if args.continue_dropout is None else args.continue_dropout,
+        label_smoothing=args.label_smoothing, clip_norm=None,
+        extra=["--finetune-from-model", start, "--save-interval-updates", args.save_every,
+               "--keep-interval-updates", "-1", "--num-workers", "0", *args.lang_flags, *args.train_extra,
+               "--seed", seed])  # the stage's seed last: it wins over one in --train-extra
+
+
+def stage_seeds(args: argparse.Namespace) -> list[int]:
+    """Each continuation stage's seed: ``--continue-seeds`` (one for all, or one a stage), default 1."""
+    seeds = args.continue_seeds or [1]
+    if len(seeds) == 1:
+        return seeds * args.continue_stages
+    if len(seeds) != args.continue_stages:
+        raise RecipeError(f"--continue-seeds: {len(seeds)} seeds for {args.continue_stages} stages (give one or "
+                          f"{args.continue_stages})")
+    return seeds
+
+
+def continue_stages(args: argparse.Namespace, size: Size, distilled: Path, start: Path) -> tuple[Path, list[dict]]:
+    """Run the continuation stages from ``start`` (each reused when its OUT/continueI/train.json is there):
+    the last stage's checkpoint and, per stage, its training, valid BLEU by beta, chosen beta and test score."""
+    stages = []
+    for i, seed in enumerate(stage_seeds(args), 1):
+        save = args.out / f"continue{i}"
+        save.mkdir(parents=True, exist_ok=True)
+        if not (save / "train.json").is_file():
+            (save / "train.json").write_text(json.dumps(
+                steps.train(continue_command(args, size, distilled, save, start, seed), save), indent=2))
+        start = save / "checkpoint_last.pt"
+        beta, sweep = steps.choose_eos_penalty(args.betas, lambda b, i=i, at=start: decode(
+            args, at, f"continue{i}.beta{b:g}", eos_penalty=b)["bleu"])
+        test = decode(args, start, f"continue{i}.beta{beta:g}", "test", eos_penalty=beta)
+        stages.append({"stage": i, "seed": seed, "training": json.loads((save / "train.json").read_text()),
+                       "valid_bleu_by_eos_penalty": sweep, "eos_penalty": beta, "test": summary(test)})
+    return start, stages
 
 
 def interval_checkpoints(save: Path) -> list[tuple[int, Path]]:
@@ -183,6 +234,16 @@ def table(rows: dict, precisions: dict) -> str:
     return "\n".join(lines)
 
 
+def stage_table(stages: list[dict]) -> str:
+    lines = ["| stage | seed | updates | loss | valid BLEU by beta | beta | test BLEU | BP |", "| --- " * 8 + "|"]
+    for s in stages:
+        sweep = ", ".join(f"{b}: {v:.2f}" for b, v in s["valid_bleu_by_eos_penalty"].items())
+        lines.append(f"| {s['stage']} | {s['seed']} | {s['training']['train_updates']} | "
+                     f"{s['training'].get('last_loss') or float('nan'):.3f} | {sweep} | {s['eos_penalty']:g} | "
+                     f"{s['test']['bleu']:.2f} | {s['test']['brevity_penalty']:.3f} |")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m examples.warm_start", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -215,6 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--average", type=int, default=5, help="average the last N saved checkpoints (1: off)")
     g.add_argument("--train-extra", nargs=argparse.REMAINDER, default=[],
                    help="further fairseq-train arguments (last on the command line)")
+    g = p.add_argument_group("continuation stages (after fine-tuning, or from --continue-from)")
+    g.add_argument("--continue-stages", type=int, default=0,
+                   help="continuation stages after fine-tuning (default 0; the kit's best model: 3)")
+    g.add_argument("--continue-from", type=Path, default=None,
+                   help="an insertion checkpoint to start the stages from, instead of fine-tuning the teacher")
+    g.add_argument("--continue-distilled", type=Path, default=None,
+                   help="the stages' training data (data-bin, same dictionaries); default: the distillation")
+    g.add_argument("--continue-updates", type=int, default=1800, help="updates a stage (default 1800)")
+    g.add_argument("--continue-lr", type=float, default=5e-4, help="a stage's peak learning rate (default 5e-4)")
+    g.add_argument("--continue-warmup", type=int, default=100, help="a stage's warmup updates (default 100)")
+    g.add_argument("--continue-dropout", type=float, default=None, help="a stage's dropout (default: --dropout)")
+    g.add_argument("--continue-seeds", type=int, nargs="+", default=None,
+                   help="the stages' seeds: one for all or one a stage (default 1)")
     g = p.add_argument_group("decoding")
     g.add_argument("--betas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0, 4.0],
                    help="EOS penalties tried on valid (parallel decoding)")
@@ -237,10 +311,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Every given path exists (raises RecipeError naming the flag)."""
-    for flag in ("teacher", "data_bin", "valid_ref", "test_ref", "distilled"):
+    for flag in ("teacher", "data_bin", "valid_ref", "test_ref", "distilled", "continue_from", "continue_distilled"):
         path = getattr(args, flag)
         if path is not None and not path.exists():
             raise RecipeError(f"--{flag.replace('_', '-')} {path}: not found")
+    if args.continue_stages < 0 or (args.continue_from is not None and args.continue_stages < 1):
+        raise RecipeError(f"--continue-stages {args.continue_stages}: give at least 1"
+                          + (" with --continue-from" if args.continue_from is not None else ""))
+    stage_seeds(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         size = Size.from_checkpoint(args.teacher)
         pair = steps.language_pair(args.data_bin, args.source_lang, args.target_lang)
         distilled, distillation = args.distilled, {}
-        if distilled is None:
+        needs_distillation = args.continue_from is None or (args.continue_stages and args.continue_distilled is None)
+        if distilled is None and needs_distillation:
             distilled = args.out / "distilled"
             marker = args.out / "distill.json"
             if not marker.is_file():
@@ -265,25 +344,38 @@ def main(argv: list[str] | None = None) -> int:
                                        select=args.distill_select)
                 marker.write_text(json.dumps(result, indent=2))
             distillation = json.loads(marker.read_text())
-        save = args.out / "train"
-        if not (save / "train.json").is_file():
-            (save / "train.json").write_text(json.dumps(
-                steps.train(fine_tune_command(args, size, distilled, save), save), indent=2))
-        training = json.loads((save / "train.json").read_text())
-        checkpoint, valid = choose_checkpoint(args, save)
+        if args.continue_from is None:
+            save = args.out / "train"
+            if not (save / "train.json").is_file():
+                (save / "train.json").write_text(json.dumps(
+                    steps.train(fine_tune_command(args, size, distilled, save), save), indent=2))
+            training = json.loads((save / "train.json").read_text())
+            checkpoint, valid = choose_checkpoint(args, save)
+            beta = valid["eos_penalty"]
+        else:
+            checkpoint, valid, beta = args.continue_from, {}, None
+            training = {"continued_from": str(args.continue_from), "train_updates": 0}
+        stages: list[dict] = []
+        if args.continue_stages:
+            checkpoint, stages = continue_stages(args, size, args.continue_distilled or distilled, checkpoint)
+            beta = stages[-1]["eos_penalty"]
         valid.update(choose_lenpen(args, checkpoint))
-        rows = test_systems(args, checkpoint, valid["eos_penalty"], valid["lenpen"])
-        precisions = {p: precision_speed(args, checkpoint, valid["eos_penalty"], p) for p in args.precisions}
+        rows = test_systems(args, checkpoint, beta, valid["lenpen"])
+        precisions = {p: precision_speed(args, checkpoint, beta, p) for p in args.precisions}
     except (RecipeError, ScoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    updates = training["train_updates"] + sum(s["training"]["train_updates"] for s in stages)
     for name, row in rows.items():
         if name.startswith("insertion"):
-            row["train_updates"] = training["train_updates"]
+            row["train_updates"] = updates
     results = {"arch": size.describe(), **steps.run_info(args.device), "teacher": str(args.teacher),
                "data_bin": str(args.data_bin), "distillation": distillation, "training": training, "valid": valid,
-               "systems": rows, "precisions": precisions}
+               "stages": stages, "eos_penalty": beta, "checkpoint": str(checkpoint), "systems": rows,
+               "precisions": precisions}
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if stages:
+        print(stage_table(stages))
     print(table(rows, precisions))
     return 0
 

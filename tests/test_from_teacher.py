@@ -1,6 +1,6 @@
 """examples.warm_start end to end on a tiny teacher and corpus: the size read from the teacher's
-checkpoint, distil, fine-tune, average, choose the decoding on valid, decode the test set beside the
-teacher, at two precisions; and examples.generate_output on real fairseq-generate and
+checkpoint, distil, fine-tune, average, choose the decoding on valid, two continuation stages, decode
+the test set beside the teacher, at two precisions; and examples.generate_output on real fairseq-generate and
 fairseq-interactive outputs of the teacher and the fine-tuned model."""
 
 import json
@@ -37,7 +37,8 @@ def warm_start(kit, tmp_path_factory):
            "--out", out, "--device", "cpu", "--updates", "4", "--save-every", "2", "--average", "2",
            "--betas", "0", "1", "--curve-beta", "1", "--candidates", "0", "1", "--lenpens", "0.5", "1",
            "--max-len-a", "1", "--max-len-b", "5", "--batch1-sentences", "3", "--precisions", "fp32", "int8",
-           "--train-extra", "--max-tokens", "400"]  # several updates an epoch
+           "--continue-stages", "2", "--continue-updates", "3", "--continue-warmup", "1", "--continue-seeds", "5", "6",
+           "--train-extra", "--max-tokens", "400", "--seed", "3"]  # several updates an epoch
     proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
@@ -77,7 +78,8 @@ def test_warm_start_writes_every_system(kit, warm_start):
         assert row["decode_seconds_batch128"] > 0 and row["decode_seconds_batch1"] > 0, name
         assert row["batch1_sentences"] == 3 and 0 <= row["bleu"] <= 100 and 0 < row["brevity_penalty"] <= 1
         if name.startswith("insertion"):
-            assert row["train_updates"] == 4
+            assert row["train_updates"] == 4 + 3 + 3  # fine-tuning and two continuation stages
+            assert f"--path {out / 'continue2' / 'checkpoint_last.pt'} " in row["command_batch128"]
             assert row["mean_iterations"] is not None and "p99" in row["iterations"]
     assert "--rerank-with" in res["systems"]["insertion_warm_distilled_parallel_rerank"]["command_batch128"]
     valid = res["valid"]
@@ -105,6 +107,69 @@ def test_warm_start_writes_every_system(kit, warm_start):
             assert "--task insertion_translation" in full["command"]  # the teacher too: the same conversion
 
 
+def test_continuation_stages(warm_start):
+    """Each stage starts from the previous stage's model (the first from fine-tuning's choice) with a fresh
+    optimizer, schedule and meters, its own seed, warmup and learning rate; its beta is chosen on valid."""
+    import fairseq_insertion  # noqa: F401  safe globals
+
+    out, res = warm_start
+    stages = res["stages"]
+    assert [s["stage"] for s in stages] == [1, 2] and [s["seed"] for s in stages] == [5, 6]
+    starts = [out / "train" / f"checkpoint_{res['valid']['checkpoint']}.pt", out / "continue1" / "checkpoint_last.pt"]
+    for stage, start in zip(stages, starts):
+        command = stage["training"]["command"]
+        assert f"--finetune-from-model {start} " in command and "--reset-optimizer" not in command
+        assert "--lr 0.0005 " in command and "--warmup-updates 1 " in command and "--max-update 3 " in command
+        assert "--total-num-update 3 --end-learning-rate 0 " in command and "--dropout 0.3 " in command
+        assert command.endswith(f"--seed {stage['seed']}")  # after --train-extra's --seed 3
+        assert f"{out / 'distilled'} " in command and stage["training"]["train_updates"] == 3
+        assert stage["eos_penalty"] in (0.0, 1.0) and set(stage["valid_bleu_by_eos_penalty"]) == {"0", "1"}
+        assert 0 <= stage["test"]["bleu"] <= 100 and stage["test"]["sentences"] == 6
+    assert res["eos_penalty"] == stages[-1]["eos_penalty"]
+    assert res["checkpoint"] == str(out / "continue2" / "checkpoint_last.pt")
+    key = "decoder.layers.0.fc1.weight"
+    states = [torch.load(p, weights_only=True) for p in (*starts, out / "continue2" / "checkpoint_last.pt")]
+    for before, after in zip(states, states[1:]):
+        assert after["optimizer_history"][-1]["num_updates"] == 3  # counted from 0: the meters were reset
+        assert not torch.equal(before["model"][key], after["model"][key])
+
+
+def test_a_stage_is_the_hand_run_continuation(warm_start, tmp_path):
+    """The stage's fairseq-train command gives the same weights as the kit's hand-run continuation (``--restore-file``
+    with the four resets), update for update."""
+    import shlex
+
+    import fairseq_insertion  # noqa: F401  safe globals
+
+    out, res = warm_start
+    stage = res["stages"][0]
+    cmd = shlex.split(stage["training"]["command"])
+    at = cmd.index("--finetune-from-model")
+    cmd[at:at + 2] = ["--restore-file", cmd[at + 1], "--reset-optimizer", "--reset-lr-scheduler",
+                      "--reset-dataloader", "--reset-meters"]
+    cmd[cmd.index("--save-dir") + 1] = str(tmp_path)
+    run(cmd, tmp_path / "train.log")
+    key = "decoder.layers.0.fc1.weight"
+    mine, theirs = (torch.load(p / "checkpoint_last.pt", weights_only=True)["model"]
+                    for p in (tmp_path, out / "continue1"))
+    assert torch.equal(mine[key], theirs[key]) and torch.equal(mine["decoder.head.location_query"],
+                                                                theirs["decoder.head.location_query"])
+
+
+def test_continuation_flags_are_checked(kit, tmp_path):
+    root, teacher = kit
+    base = [sys.executable, "-m", "examples.warm_start", "--teacher", teacher, "--data-bin", root / "bin",
+            "--valid-ref", root / "raw" / "valid.tgt", "--test-ref", root / "raw" / "test.tgt", "--lang", "none",
+            "--out", tmp_path, "--device", "cpu"]
+    for flags, message in ((["--continue-from", teacher], "--continue-stages 0: give at least 1 with --continue-from"),
+                           (["--continue-from", tmp_path / "no.pt", "--continue-stages", "1"], "no.pt: not found"),
+                           (["--continue-stages", "2", "--continue-seeds", "1", "2", "3"],
+                            "--continue-seeds: 3 seeds for 2 stages")):
+        proc = subprocess.run(list(map(str, base + flags)), cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+        assert not (tmp_path / "distilled").exists()  # refused before any work
+
+
 def test_generate_output_parser_on_real_outputs(kit, warm_start, tmp_path):
     """S-/T-/H-/D-/P-/I- lines, fairseq's time line and the plugin's summary line of the recipe's real
     decodes of the test set, and fairseq-interactive's output of two typed lines."""
@@ -112,7 +177,7 @@ def test_generate_output_parser_on_real_outputs(kit, warm_start, tmp_path):
     raw_src = read_reference(root / "raw" / "test.src")
     raw_tgt = read_reference(root / "raw" / "test.tgt")
     out, res = warm_start
-    insertion = out / "train" / "checkpoint_last.pt"
+    insertion = out / "continue2" / "checkpoint_last.pt"
     for model, name in (("transformer", "ar_greedy"), ("insertion", "insertion_warm_distilled_parallel")):
         decoded = out / "decode" / name / "test.batch128.out"  # the recipe's own decode, stdout and log
         assert f"--path {teacher if model == 'transformer' else insertion} " in res["systems"][name]["command_batch128"]
