@@ -217,8 +217,10 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
     if neighbours:
         columns.append(xp.concat([framed[:, :-1, None], framed[:, 1:, None]], -1))  # (B, S, 2)
     n = int(ngram)
-    if n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
-        context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in _ngram_geometry(W, n))
+    static = isinstance(W, int)  # a graph's width may be symbolic: then J = W - n + 1 may be 0 (no window)
+    if n >= 2 and (not static or W >= n):  # every offset i of the inserted token in the n-gram at once
+        geometry = _ngram_geometry(W, n) if static else _ngram_geometry_over(xp, W, n, framed)
+        context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in geometry)
         real = framed != pad
         ext = xp.full((B, W + 2 * n - 2), -1, like=framed)  # the framed canvas, -1 outside it
         ext[:, n - 1:n - 1 + W] = xp.where(real, framed, -1)
@@ -239,14 +241,19 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
 
 @functools.lru_cache(maxsize=256)
 def _ngram_geometry(W: int, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_ngram_geometry_over` in numpy, for a static width (cached)."""
+    return _ngram_geometry_over(NUMPY, W, n, None)
+
+
+def _ngram_geometry_over(xp: Ops, W: Any, n: int, like: Array) -> Tuple[Array, Array, Array, Array]:
     """Index arrays of :func:`repeated_tokens` for framed width W and n-grams: the columns (of the framed
     canvas padded by n-1 on each side) holding slot l's context at offset i, framed columns
     l-i+1 .. l-i+n-1 (n, S, n-1); the columns of each window without its offset i (n, J, n-1) and at it
     (n, J); and which windows survive an insertion into each slot (S, J): those not spanning it."""
     S, J = W - 1, W - n + 1
-    slot, start, offset = np.arange(S), np.arange(J), np.arange(n)
-    others = np.asarray([[j for j in range(n) if j != i] for i in range(n)])  # (n, n-1)
-    context = (slot[None, :] - offset[:, None])[:, :, None] + np.arange(n - 1)[None, None, :] + n
+    slot, start, offset = xp.arange(S, like=like), xp.arange(J, like=like), xp.arange(n, like=like)
+    others = xp.asarray(np.asarray([[j for j in range(n) if j != i] for i in range(n)]), like=like)  # (n, n-1)
+    context = (slot[None, :] - offset[:, None])[:, :, None] + xp.arange(n - 1, like=like)[None, None, :] + n
     rest = start[None, :, None] + others[:, None, :]  # (n, J, n-1)
     token = start[None, :] + offset[:, None]  # (n, J)
     spans = (start[None, :] <= slot[:, None]) & (start[None, :] >= slot[:, None] - n + 2)  # (S, J)
@@ -537,7 +544,8 @@ def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, config: D
     if config.block_neighbour_copies or config.no_repeat_ngram_size:
         repeats = repeated_tokens(xp, framed, config.no_repeat_ngram_size, config.block_neighbour_copies, (bos, eos),
                                   pad)  # (A, S, M)
-        blocked = repeats[open_] if repeats.shape[2] else None  # (N, M)
+        M = repeats.shape[2]  # a graph's may be symbolic: zero columns then block nothing
+        blocked = repeats[open_] if not isinstance(M, int) or M else None  # (N, M)
     penalty = config.betas[0] if state.eos_penalty is None else \
         xp.where(open_, state.eos_penalty[:, None], 0.0)[open_]  # (N,)
     listed = {}
