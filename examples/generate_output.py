@@ -168,6 +168,7 @@ def score(gen: GenerateOutput, references: list[str], lang: str | None, p_specia
         "mean_length": sum(n.values()) / len(ids) if ids else 0.0,
         "length_source": "P" if gen.positional_scores else "H",
         "brevity_penalty": result.bp,
+        "length_ratio": result.sys_len / max(result.ref_len, 1),  # hypothesis words over reference words
         "iterations": iterations,
     }
 

@@ -38,7 +38,7 @@ def first_insertions(value: str) -> tuple[int, float]:
 def row(subset: str, beta: float, r: dict) -> dict:
     it = r.get("iterations") or {}
     return {"subset": subset, "beta": beta, "bleu": round(r["bleu"], 2), "brevity_penalty": r["brevity_penalty"],
-            "mean_length": r["mean_length"], "mean_iterations": r["mean_iterations"],
+            "length_ratio": r["length_ratio"], "mean_length": r["mean_length"], "mean_iterations": r["mean_iterations"],
             "mean_log2_bound": r["mean_log2_bound"], "over_2x_bound_plus_2": it.get("over_2x_bound_plus_2"),
             "mean_over_bound": it.get("mean_over_bound"), "sig": r["signature"], "command": r["command"]}
 
@@ -93,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"checkpoint": str(args.checkpoint), "eos_penalty": beta, "scores": scores, "first_insertions": firsts,
               **steps.run_info(args.device)}
     (args.out / "scores.json").write_text(json.dumps(result, indent=1))
-    print("| subset | beta | BLEU | BP | iterations over bound | first insertions |\n" + "| --- " * 6 + "|")
+    print("| subset | beta | BLEU | BP | length ratio | iterations over bound | first insertions |")
+    print("| --- " * 7 + "|")
     for r in scores + firsts:
         print(f"| {r['subset']} | {r['beta']:g} | {r['bleu']:.2f} | {r['brevity_penalty']:.3f} | "
-              f"{r['mean_over_bound'] or 0:+.2f} | {r.get('first_insertions', '')} |")
+              f"{r['length_ratio']:.3f} | {r['mean_over_bound'] or 0:+.2f} | {r.get('first_insertions', '')} |")
     print(f"beta by the rule on valid: {beta:g}")
     return 0
 

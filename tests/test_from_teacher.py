@@ -156,6 +156,36 @@ def test_a_stage_is_the_hand_run_continuation(warm_start, tmp_path):
                                                                 theirs["decoder.head.location_query"])
 
 
+def test_score_model(kit, warm_start, tmp_path):
+    """examples.score_model on the last stage's model: each beta on valid and test, the rule's beta, and first
+    insertions chosen by the teacher on test at it."""
+    from examples.steps import choose_eos_penalty
+
+    root, teacher = kit
+    out, res = warm_start
+    base = [sys.executable, "-m", "examples.score_model", "--checkpoint", out / "continue2" / "checkpoint_last.pt",
+            "--data-bin", root / "bin", "--valid-ref", root / "raw" / "valid.tgt", "--test-ref",
+            root / "raw" / "test.tgt", "--lang", "none", "--out", tmp_path, "--betas", "0", "1"]
+    proc = subprocess.run(list(map(str, base + ["--first-insertions", "2:0.5"])), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "--first-insertions needs --rerank-with" in proc.stderr
+    proc = subprocess.run(list(map(str, base + ["--first-insertions", "2:0.5", "--rerank-with", teacher])), cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    rows = scores["scores"]
+    assert [(r["subset"], r["beta"]) for r in rows] == [("valid", 0), ("valid", 1), ("test", 0), ("test", 1)]
+    for r in rows:
+        assert 0 <= r["bleu"] <= 100 and r["mean_iterations"] > 0 and r["length_ratio"] > 0
+        assert f"--eos-penalty {r['beta']:g} " in r["command"]
+    valid = {r["beta"]: r["bleu"] for r in rows if r["subset"] == "valid"}
+    assert scores["eos_penalty"] == choose_eos_penalty([0.0, 1.0], valid.__getitem__)[0]
+    (first,) = scores["first_insertions"]
+    assert first["first_insertions"] == 2 and first["beta"] == scores["eos_penalty"] and 0 <= first["bleu"] <= 100
+    assert "--first-insertions 2 --lenpen 2 --rerank-weight 0.5" in first["command"]
+    assert f"--rerank-with {teacher}" in first["command"]
+
+
 def test_continuation_flags_are_checked(kit, tmp_path):
     root, teacher = kit
     base = [sys.executable, "-m", "examples.warm_start", "--teacher", teacher, "--data-bin", root / "bin",
