@@ -1,7 +1,7 @@
 """Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
 
-    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [decoding options] \
-        [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
+    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [--step-graph] \
+        [decoding options] [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
 
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
 
@@ -16,6 +16,10 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   its end-of-slot log-probability (N, 1), and log p(l)
   of every slot (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
+* ``step.onnx`` and ``loop.onnx``, with ``--step-graph``: a whole decoding pass from the active canvases to the
+  next ones (:func:`step_graph`: the loop's own functions of :mod:`fairseq_insertion.loop` emitted as nodes around
+  the pass, for the decoding and repetition options given here), and that step as the body of an ONNX ``Loop`` that
+  decodes a batch in one run (:func:`loop_graph`); unconstrained decoding without a shortlist;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
 * ``settings.json``: the model's ids and sizes, the decoding's options
   (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here) and the size and
@@ -48,7 +52,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -57,6 +61,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from . import loop as LOOP
 from . import preprocess as P
 from .config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
 from .export_format import (
@@ -64,16 +69,20 @@ from .export_format import (
     CHECKED,
     ENCODER,
     FORMAT_VERSION,
+    LOOP_GRAPH,
     PASS,
     SCORER,
     SETTINGS,
     SHORTLIST,
     SPECIAL_IDS,
+    STEP,
+    STEP_OPTIONS,
     VOCABS,
     file_digests,
     source_names,
 )
 from .fast_decoder import cacheable
+from .graph_ops import GraphArray, GraphOps
 from .loop import word_edge_table
 from .slots import Shortlist, SlotRule, choose_graph
 from .weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
@@ -337,29 +346,44 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=dec.embed_tokens.num_embeddings)
 
 
+def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
+    """The source side every pass takes: each decoder layer's encoder-attention keys and values
+    (rows, heads, source, d), then src_mask (rows, source) int32."""
+    heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
+    return [*(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in source_names(len(dec.layers))),
+            _io("src_mask", TensorProto.INT32, ["rows", "source"])]
+
+
+def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, blocked: str, eos_penalty: str,
+          no_end: str, k: str, shortlisted: bool = False) -> None:
+    """One decoding pass into ``g``: the decoder over the ``framed`` canvases (A, W) with the source side
+    (:func:`_source_inputs`), the slot head at the ``open_slots`` (N,) and the slot rule with its inputs (``classes``
+    (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1), ``k`` (1,);
+    :func:`~fairseq_insertion.slots.choose_graph`): writes the values ``tokens``, ``log_probs`` (N, k),
+    ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
+    d = dec.dictionary
+    bos, eos, pad = d.bos(), d.eos(), d.pad()
+    L = len(dec.layers)
+    names = source_names(L)
+    x, keep = _decode(g, dec, framed, list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
+    content, ids = _slot_head(g, x, keep, slot_head(dec), open_slots, shortlisted)  # (N, V) or (N, L) each
+    _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
+    rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
+    choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k, ids)
+
+
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
     """One decoding pass (see the module's docstring for its inputs and outputs); ``shortlisted``: the open
     slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, L, C), from the
     encoder graph)."""
     dec = model.decoder
-    d = dec.dictionary
-    bos, eos, pad, V = d.bos(), d.eos(), d.pad(), len(d)
     g = Graph("insertion_pass")
-    L = len(dec.layers)
-    names = source_names(L)
-    x, keep = _decode(g, dec, "framed", list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
-    content, ids = _slot_head(g, x, keep, slot_head(dec), "open_slots", shortlisted)  # (N, V) or (N, L) each
-    _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
-    rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
-    choose_graph(g, rule, content, "word_edges", "blocked", "eos_penalty", "no_end", "k", ids)
-    heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
+    _pass(g, dec, "framed", "open_slots", "word_edges", "blocked", "eos_penalty", "no_end", "k", shortlisted)
     C = dec.output_projection.weight.size(1)
     listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
               _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []
     return g.model(
-        [_io("framed", TensorProto.INT64, ["rows", "width"]),
-         *(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in names),
-         _io("src_mask", TensorProto.INT32, ["rows", "source"]),
+        [_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
          _io("open_slots", TensorProto.INT64, ["open"]),
          _io("blocked", TensorProto.INT64, ["open", "blocked"]),
          _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
@@ -368,7 +392,152 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
          _io("k", TensorProto.INT64, [1]), *listed],
         [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
-        vocab_size=V)
+        vocab_size=len(dec.dictionary))
+
+
+def _state_inputs(xp: GraphOps, dec: nn.Module, close_ended: bool, whole: bool
+                  ) -> Tuple[LOOP.Canvases, GraphArray]:
+    """Declare the loop state's graph inputs (:func:`~fairseq_insertion.export_format.step_io`): ``canvas`` (A, K)
+    int64, ``scores`` (A, K) float, ``lengths``, ``iterations`` (A,) int64, for the whole loop (``whole``)
+    ``final_eos`` (A,) float, ``max_len`` (A,) int64, ``eos_penalty`` (A,) float (each row's beta),
+    ``max_iterations`` () int64, with close-ended slots ``closed_before`` (A, K) and ``closed_end`` (A,) bool, then
+    the source side (:func:`_source_inputs`). Returns the state and ``max_iterations``."""
+    canvas = xp.input("canvas", np.int64, ["rows", "width"])  # (A, K)
+    scores = xp.input("scores", np.float32, ["rows", "width"])  # (A, K)
+    lengths, iterations = (xp.input(name, np.int64, ["rows"]) for name in ("lengths", "iterations"))  # (A,) each
+    final_eos = xp.input("final_eos", np.float32, ["rows"]) if whole else None  # (A,)
+    max_len = xp.input("max_len", np.int64, ["rows"])  # (A,)
+    eos_penalty = xp.input("eos_penalty", np.float32, ["rows"])  # (A,)
+    max_iterations = xp.input("max_iterations", np.int64, [])  # ()
+    closed_before = xp.input("closed_before", np.bool_, ["rows", "width"]) if close_ended else None  # (A, K)
+    closed_end = xp.input("closed_end", np.bool_, ["rows"]) if close_ended else None  # (A,)
+    xp.inputs.extend(_source_inputs(dec))
+    return LOOP.Canvases(rows=None, tokens=canvas, scores=scores, closed_before=closed_before, closed_end=closed_end,
+                         lengths=lengths, iterations=iterations, final_eos=final_eos, max_len=max_len,
+                         eos_penalty=eos_penalty), max_iterations
+
+
+def _step(g: Graph, xp: GraphOps, dec: nn.Module, config: DecodingConfig, termination: str, state: LOOP.Canvases,
+          max_iter: GraphArray, active: Optional[GraphArray] = None) -> LOOP.Pass:
+    """One decoding pass from ``state`` emitted into ``g``, the loop's own functions through ``xp``: the framing, the
+    open slots, their inputs to the slot rule (the repetition rules of ``config``; no given tokens, no shortlist),
+    the pass (:func:`_pass`), the slot scores, the step rule (``config.decoding`` with the model's ``termination``),
+    the room cap and :func:`~fairseq_insertion.loop.step` with the iteration bound ``max_iter`` (). ``active`` (A,):
+    the rows that take part; the others' slots stay shut (they insert nothing and keep their ``final_eos``)."""
+    d = dec.dictionary
+    bos, eos, pad = d.bos(), d.eos(), d.pad()
+    bounds = LOOP.Bounds.build(xp, config, termination, eos, pad)
+    canvas, lengths = state.tokens, state.lengths  # (A, K), (A,)
+    framed = LOOP.frame(xp, canvas, lengths, bos, eos, pad)  # (A, K + 2)
+    A, S = canvas.shape[0], canvas.shape[1] + 1
+    open_ = LOOP.open_slots(xp, state, S)  # (A, S)
+    if active is not None:
+        open_ = open_ & active[:, None]
+    open_slots = LOOP.flat_indices(xp, open_)  # (N,)
+    sequence = config.decoding == "greedy" and termination == "sequence"
+    inputs = LOOP.slot_inputs(xp, state, framed, open_, config, sequence, None, bos, eos, pad)
+    N = open_slots.shape[0]
+    blocked = xp.full((N, 1), pad, like=open_slots) if inputs.blocked is None else inputs.blocked  # (N, M)
+    _pass(g, dec, framed.name, open_slots.name, xp.full((N,), 0, like=open_slots).name, blocked.name,
+          inputs.eos_penalty[:, None].name, xp.full((N, 1), False, like=open_).name, xp.constant([1]).name)
+    tokens, log_probs, eos_log_probs = (GraphArray(xp, name, dtype, [N, 1]).reshape(-1) for name, dtype in (
+        ("tokens", np.int64), ("log_probs", np.float32), ("eos_log_probs", np.float32)))  # (N,) each
+    location = GraphArray(xp, "location", np.float32, [A, S])  # (A, S)
+    p = LOOP.slot_scores(xp, open_, tokens, log_probs, eos_log_probs, location, eos, sequence)
+    if active is not None:
+        p = p._replace(final_eos=xp.where(active, p.final_eos, state.final_eos))
+    return LOOP.step(xp, state, p, bounds.rule(p, state.max_len - lengths), max_iter, bounds)
+
+
+def _check_step(config: DecodingConfig) -> None:
+    """Refuse the options the step and loop graphs do not apply."""
+    if config.unkpen:
+        raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
+                          "unkpen 0")
+
+
+def step_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
+    """A whole decoding pass from the active rows' state to the next (``step.onnx``), the loop's own functions
+    (:mod:`fairseq_insertion.loop`) emitted as nodes (:class:`~fairseq_insertion.graph_ops.GraphOps`) around
+    :func:`pass_graph`'s pass (:func:`_step`), for unconstrained decoding without a shortlist with ``config``'s
+    decoding rule and repetition rules.
+
+    Inputs (:func:`_state_inputs`; ``max_iterations``: the loop's iteration bound). Outputs: ``next_canvas``,
+    ``next_scores`` (A, K'), ``next_lengths``, ``next_iterations`` (A,), ``final_eos`` (A,), ``keep`` (A,) the rows
+    that go on, ``n_keep`` () their number, ``kept_width`` () the longest of their canvases, and with close-ended
+    slots ``next_closed_before`` (A, K'), ``next_closed_end`` (A,)."""
+    _check_step(config)
+    dec, termination = model.decoder, model.termination
+    g = Graph("insertion_step")
+    xp = GraphOps(g)
+    close_ended = config.close_ended_slots and termination == "slot"
+    state, max_iterations = _state_inputs(xp, dec, close_ended, whole=False)
+    after = _step(g, xp, dec, config, termination, state, max_iterations)
+    new = after.state
+    for name, value in (("next_canvas", new.tokens), ("next_scores", new.scores), ("next_lengths", new.lengths),
+                        ("next_iterations", new.iterations), ("final_eos", new.final_eos), ("keep", after.keep),
+                        ("n_keep", after.n_keep), ("kept_width", after.kept_width)):
+        xp.output(name, value)
+    if close_ended:
+        xp.output("next_closed_before", new.closed_before)
+        xp.output("next_closed_end", new.closed_end)
+    return g.model(xp.inputs, xp.outputs, vocab_size=len(dec.dictionary))
+
+
+def loop_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
+    """The whole decoding loop of a batch (``loop.onnx``): :func:`step_graph`'s pass as the body of an ONNX ``Loop``
+    that runs while some row goes on, at most the iteration bound + 1 times, as
+    :func:`fairseq_insertion.loop.run`: the rows that start (:func:`~fairseq_insertion.loop.starting`) take part, a
+    row that stops stays in the batch and inserts nothing more.
+
+    Inputs (:func:`_state_inputs` with ``final_eos``; ``max_iterations``: the option, 0 for each batch's room).
+    Outputs: every row's final ``next_canvas``, ``next_scores`` (A, K'), ``next_lengths``, ``next_iterations``,
+    ``next_final_eos`` (A,), in batch order, and ``passes`` () the passes run."""
+    _check_step(config)
+    dec, termination = model.decoder, model.termination
+    g = Graph("insertion_loop")
+    xp = GraphOps(g)
+    close_ended = config.close_ended_slots and termination == "slot"
+    state, max_iterations = _state_inputs(xp, dec, close_ended, whole=True)
+    start, room = LOOP.starting(xp, state)  # (A,) each
+    bound = xp.where(max_iterations > 0, max_iterations, room.max())  # () as run's
+    carried = [state.tokens, state.scores, state.lengths, state.iterations, state.final_eos, start, xp.constant(0)]
+    if close_ended:
+        carried += [state.closed_before, state.closed_end]
+    trips, going = bound + 1, start.any()
+    nodes, initializers = len(g.nodes), len(g.initializers)
+    body = GraphOps(g)  # the body's nodes, moved into its graph below; outer values are read by name
+    body.input("iteration", np.int64, [])
+    body.input("going", np.bool_, [])
+    canvas, scores = (body.input(f"body_{name}", dtype, ["rows", "width"]) for name, dtype in (
+        ("canvas", np.int64), ("scores", np.float32)))  # (A, K) each
+    lengths, iterations = (body.input(f"body_{name}", np.int64, ["rows"]) for name in ("lengths", "iterations"))
+    final_eos = body.input("body_final_eos", np.float32, ["rows"])  # (A,)
+    active = body.input("body_active", np.bool_, ["rows"])  # (A,)
+    passes = body.input("body_passes", np.int64, [])  # ()
+    closed_before = body.input("body_closed_before", np.bool_, ["rows", "width"]) if close_ended else None
+    closed_end = body.input("body_closed_end", np.bool_, ["rows"]) if close_ended else None
+    outer = LOOP.Canvases(rows=None, tokens=canvas, scores=scores, closed_before=closed_before, closed_end=closed_end,
+                          lengths=lengths, iterations=iterations, final_eos=final_eos,
+                          max_len=GraphArray(body, state.max_len.name, np.int64, [None]),
+                          eos_penalty=GraphArray(body, state.eos_penalty.name, np.float32, [None]))
+    after = _step(g, body, dec, config, termination, outer, GraphArray(body, bound.name, np.int64, []), active)
+    new = after.state
+    body.output("body_going_out", after.keep.any())
+    for name, value in (("canvas", new.tokens), ("scores", new.scores), ("lengths", new.lengths),
+                        ("iterations", new.iterations), ("final_eos", new.final_eos), ("active", after.keep),
+                        ("passes", passes + 1), *((("closed_before", new.closed_before), ("closed_end", new.closed_end))
+                                                  if close_ended else ())):
+        body.output(f"body_{name}_out", value)
+    step = helper.make_graph(g.nodes[nodes:], "insertion_step", body.inputs, body.outputs,
+                             g.initializers[initializers:])  # (iteration, going, carried) -> (going, carried)
+    del g.nodes[nodes:], g.initializers[initializers:]
+    final = g.op("Loop", trips.name, going.name, *(x.name for x in carried), body=step, outputs=len(carried))
+    names = ("next_canvas", "next_scores", "next_lengths", "next_iterations", "next_final_eos", None, "passes")
+    for name, value, like in zip(names, final, carried):
+        if name is not None:
+            xp.output(name, GraphArray(xp, value, like.dtype, [None] * like.ndim))
+    return g.model(xp.inputs, xp.outputs, vocab_size=len(dec.dictionary))
 
 
 def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False
@@ -451,18 +620,42 @@ def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS)) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     for name in names:
-        graph = onnx.load(str(out / name)).graph
-        weights = {w.name for w in graph.initializer}
-        dims = {w.name: w.dims for w in graph.initializer}
+        graphs = list(_graphs(onnx.load(str(out / name)).graph))  # a Loop's body too
+        dims = {w.name: w.dims for graph in graphs for w in graph.initializer}
         # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
         # one-column location query (quantizing its input would cost more than the product) stay fp32
-        nodes = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention") and n.input[1] in weights
-                 and min(dims[n.input[1]]) > 1]
+        nodes = [n.name for graph in graphs for n in graph.node if n.op_type in ("MatMul", "Attention")
+                 and n.input[1] in dims and min(dims[n.input[1]]) > 1]
+        options = {"DefaultTensorType": TensorProto.FLOAT, **({"EnableSubgraph": True} if len(graphs) > 1 else {})}
         with tempfile.TemporaryDirectory() as tmp:
             q = Path(tmp) / name
             quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
-                             extra_options={"DefaultTensorType": TensorProto.FLOAT})
+                             extra_options=options)
+            if len(graphs) > 1:
+                _typed_casts(q)
             shutil.move(str(q), out / name)
+
+
+def _typed_casts(path: Path) -> None:
+    """In a Loop's body the quantizer cannot infer the type of some products (those of the fused attention's
+    output) and leaves the Cast of their int32 result untyped: float, the type DefaultTensorType gives them in a
+    graph's top level."""
+    model = onnx.load(str(path))
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.UNDEFINED:
+                    attribute.i = TensorProto.FLOAT
+    onnx.save(model, str(path))
+
+
+def _graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:
+    """``graph`` and the graphs nested in its nodes (a Loop's body), depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
 
 
 def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> dict:
@@ -503,11 +696,12 @@ def load_scorer(path: Path, task) -> nn.Module:
 
 def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
            preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
-           shortlist: Optional[Path] = None) -> Path:
+           shortlist: Optional[Path] = None, step: bool = False) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
     ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
     checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
-    ``python -m fairseq_insertion.shortlist``), if given."""
+    ``python -m fairseq_insertion.shortlist``), if given; ``step``: also the step and loop graphs (:func:`step_graph`,
+    :func:`loop_graph`)."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
@@ -520,16 +714,19 @@ def export(path: Path, data: Path, out: Path, int8: bool = False, config: Option
         except ValueError as exc:
             raise ExportError(f"--shortlist: {exc}") from None
     return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
-                        teacher, table)
+                        teacher, table, step)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
-                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None) -> Path:
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False
+                 ) -> Path:
     """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
     raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
     transformer of the same dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the
-    lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list)."""
+    lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list);
+    ``step``: also the step and loop graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`;
+    ``loop.onnx``, :func:`loop_graph`)."""
     config = config or DecodingConfig()
     if config.unkpen:
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
@@ -540,14 +737,23 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
                                                                                            len(src_dict)):
         raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
                           f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
+    if step and shortlist is not None:
+        raise ExportError("the step graph covers decoding without a shortlist: export it without --shortlist")
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out, shortlist is not None)
+    for name in (STEP, LOOP_GRAPH):
+        (out / name).unlink(missing_ok=True)
+    if step:
+        with torch.no_grad():
+            onnx.save(step_graph(model, config), str(out / STEP))
+            onnx.save(loop_graph(model, config), str(out / LOOP_GRAPH))
     (out / SCORER).unlink(missing_ok=True)
     if scorer is not None:
         with torch.no_grad():
             onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
     if int8:
-        quantize(out, (ENCODER, PASS, SCORER) if scorer is not None else (ENCODER, PASS))
+        quantize(out, (ENCODER, PASS, *((SCORER,) if scorer is not None else ()),
+                       *((STEP, LOOP_GRAPH) if step else ())))
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
     (out / BPE_CODES).unlink(missing_ok=True)
@@ -558,6 +764,9 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
     if shortlist is not None:
         shortlist.save(out / SHORTLIST)
         values["shortlist"], names = SHORTLIST, (*names, SHORTLIST)
+    if step:
+        values["step"] = {"graph": STEP, "loop": LOOP_GRAPH, **{key: getattr(config, key) for key in STEP_OPTIONS}}
+        names = (*names, STEP, LOOP_GRAPH)
     if preprocessing is not None:
         codes = preprocessing.bpe_codes and BPE_CODES
         if codes:
@@ -582,6 +791,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shortlist", type=Path, default=None, metavar="TABLE",
                    help="a lexical shortlist table (python -m fairseq_insertion.shortlist), exported as "
                    f"{SHORTLIST}: each sentence's slots choose among its list only")
+    p.add_argument("--step-graph", action="store_true",
+                   help=f"also {STEP} (a whole decoding pass, from the canvases to the next, in one graph run) and "
+                   f"{LOOP_GRAPH} (a batch's whole decode in one run), for the decoding options given here "
+                   "(Translator(..., step_graph=True or 'loop') uses them)")
     add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
     P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
                     f"--data's {P.RECORD} when it has one")
@@ -596,7 +809,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
         out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
-                     args.shortlist)
+                     args.shortlist, args.step_graph)
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2
@@ -604,7 +817,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__: List[str] = ["ExportError", "encoder_graph", "export", "export_model", "main", "pass_graph", "scorer_graph"]
+__all__: List[str] = ["ExportError", "encoder_graph", "export", "export_model", "loop_graph", "main", "pass_graph",
+                      "scorer_graph", "step_graph"]
 
 if __name__ == "__main__":
     sys.exit(main())

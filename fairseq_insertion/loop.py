@@ -494,6 +494,13 @@ def open_slots(xp: Ops, state: Canvases, num_slots: int) -> Array:
     return real & ~closed_slots(xp, state.closed_before, state.closed_end, state.lengths, num_slots)
 
 
+def flat_indices(xp: Ops, mask: Array) -> Array:
+    """(N,) the row-major flat indices of the True entries of ``mask`` (A, S): the open slots as the pass graph
+    takes them."""
+    A, S = mask.shape
+    return (xp.arange(A, like=mask)[:, None] * S + xp.arange(S, like=mask)[None, :])[mask]
+
+
 def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_probs: Array, location: Array,
                 eos: int, sequence: bool) -> SlotScores:
     """A pass's :class:`SlotScores` from the model's values at the open slots (N,), row-major: the best
@@ -631,7 +638,10 @@ def _one_hot(xp: Ops, index: Array, like: Array) -> Array:
 
 # ---------------------------------------------------------------- the loop
 class Backend(Protocol):
-    """The model's side of the loop: its arrays and one pass."""
+    """The model's side of the loop: its arrays and one pass. A backend may also have ``advance``
+    (:data:`Advance`): the whole pass at once (prediction, step rule and step, e.g. one graph run), used instead
+    of :func:`predict_and_step`; or ``run_loop`` (:data:`Loop`): the whole of :func:`run` at once (e.g. one graph
+    run; not when the canvases' history is recorded)."""
 
     xp: Ops
 
@@ -669,6 +679,23 @@ class Pass(NamedTuple):
 
 
 Record = Callable[[Canvases, Array], None]
+Advance = Callable[[Canvases, Any, int], Pass]  # (state, memory, the iteration bound) -> the state after one pass
+Loop = Callable[[Canvases, Any, Bounds], Tuple[Canvases, int]]  # (state, memory, bounds) -> what run returns
+
+
+def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
+    """Where the loop starts: (A,) the rows that take a first pass (below their length limit, with an open slot),
+    and (A,) the room of each, the most tokens it may still take (their largest is the iteration bound where
+    ``max_iterations`` is 0)."""
+    start = (state.max_len > state.lengths) & open_slots(xp, state, state.tokens.shape[1] + 1).any(1)
+    return start, (state.max_len - state.lengths).clip(min=0)
+
+
+def predict_and_step(backend: Backend, bounds: Bounds, state: Canvases, memory: Any, max_iter: int) -> Pass:
+    """One pass: the backend's prediction for the open slots, the step rule's insertions and :func:`step`."""
+    scores = backend.predict(state, memory)
+    choice = bounds.rule(scores, state.max_len - state.lengths)
+    return step(backend.xp, state, scores, choice, max_iter, bounds)
 
 
 def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
@@ -677,25 +704,26 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     the batch. Closed slots never receive an insertion and count as finished. ``record(state,
     inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
     row, in batch order, and the number of forward passes."""
+    whole: Optional[Loop] = getattr(backend, "run_loop", None)
+    if whole is not None and record is None:
+        return whole(state, memory, bounds)
     xp = backend.xp
     B, K = state.tokens.shape
-    start = (state.max_len > state.lengths) & open_slots(xp, state, K + 1).any(1)  # (B,)
+    start, room = starting(xp, state)  # (B,) each
     width, room, n_active, started_width = xp.host(
-        state.max_len.max(), (state.max_len - state.lengths).clip(min=0).max(), start.sum(),
-        (state.lengths * start).max()) if B else (0, 0, 0, 0)
+        state.max_len.max(), room.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
     out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
     max_iter = bounds.max_iterations or room
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
+    advance: Advance = getattr(backend, "advance", None) or functools.partial(predict_and_step, backend, bounds)
     passes = 0
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
-        scores = backend.predict(state, memory)
-        choice = bounds.rule(scores, state.max_len - state.lengths)
+        after = advance(state, memory, max_iter)
         passes += 1
-        after = step(xp, state, scores, choice, max_iter, bounds)
         if record is not None:
-            record(after.state, choice.mask.any(1))
+            record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
         state = after.state
         if after.n_keep < n_active:
             out.store(state.take(xp.argsort(xp.long(after.keep))[:n_active - after.n_keep]))  # the finished

@@ -35,6 +35,14 @@ PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fai
 Constraints longer than a sentence's length limit give it an empty translation, with a warning naming
 the input (the rest of the batch is translated); an empty source line is decoded from its constraints.
 
+The step graph: an export made with ``--step-graph`` also holds ``step.onnx``, a whole decoding pass from the
+active canvases to the next ones, the loop's own step emitted into the graph (``export.step_graph``), and
+``loop.onnx``, that step as the body of an ONNX ``Loop`` (``export.loop_graph``: finished sentences stay in the batch
+and insert nothing). ``Translator(DIR, step_graph=True)`` runs the step graph once per pass for the calls it covers
+(the decoding options it was exported for, unconstrained, without a shortlist), leaving to numpy only the dropping of
+finished sentences; ``step_graph="loop"`` decodes each such batch in one run of the loop graph. Other calls take the
+pass graph. All give the same translations.
+
 An export is checked when it is loaded (:mod:`fairseq_insertion.export_format`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
 :class:`TranslatorError` naming the file and key, or the argument.
@@ -123,16 +131,37 @@ class Passes:
         return None if t._scorer is None else t._score(self.src, tokens, lengths, per_source)
 
 
+@dataclass(frozen=True)
+class Steps(Passes):
+    """:class:`Passes` whose every pass is one run of the step graph (``step.onnx``): from the active rows' state to
+    the next and the rows that go on (``advance``, which :func:`fairseq_insertion.loop.run` calls)."""
+
+    def advance(self, state: Canvases, source: Source, max_iter: int) -> L.Pass:
+        return self.translator._advance(state, source, max_iter, self.opts)
+
+
+@dataclass(frozen=True)
+class Looped(Passes):
+    """:class:`Passes` whose whole loop is one run of the loop graph (``loop.onnx``; ``run_loop``, which
+    :func:`fairseq_insertion.loop.run` calls)."""
+
+    def run_loop(self, state: Canvases, source: Source, bounds: L.Bounds) -> Tuple[Canvases, int]:
+        return self.translator._run_loop(state, source, self.opts)
+
+
 class Translator:
     """An exported insertion model (``python -m fairseq_insertion.export``) on ONNX Runtime.
 
     model_dir: the export's directory. intra_threads: threads per pass (0: onnxruntime's
     default, all cores); inter_threads: onnxruntime's inter-op threads. providers: onnxruntime
     execution providers (default: CPU). profile: a path prefix: onnxruntime's profiler records every
-    run of both graphs, written by :meth:`end_profiling` (it slows the runs: read shares, not times)."""
+    run of the graphs, written by :meth:`end_profiling` (it slows the runs: read shares, not times).
+    step_graph: decode the calls it covers (see the module) with the export's step graph (``export --step-graph``):
+    True: one run a pass; ``"loop"``: one run a batch (the loop graph)."""
 
     def __init__(self, model_dir: str | Path, intra_threads: int = 0, inter_threads: int = 1,
-                 providers: Optional[Sequence[str]] = None, profile: Optional[str] = None):
+                 providers: Optional[Sequence[str]] = None, profile: Optional[str] = None,
+                 step_graph: bool | str = False):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -150,8 +179,9 @@ class Translator:
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
         scorer = F.check_scorer(self.settings, self.model_dir)
         shortlist = F.check_shortlist(self.settings, self.model_dir)
-        F.check_digests(self.model_dir, self.settings,
-                        [Path(p).name for p in (scorer, codes, shortlist) if p is not None])
+        step = F.check_step(self.settings, self.model_dir)
+        extra = (scorer, codes, shortlist, *(step[:2] if step is not None else ()))  # the step and loop graphs
+        F.check_digests(self.model_dir, self.settings, [Path(p).name for p in extra if p is not None])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
         settings_path = self.model_dir / F.SETTINGS
@@ -186,6 +216,23 @@ class Translator:
         if scorer is not None:
             self._scorer = _session(ort, scorer, so, providers)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
+        if step_graph is not True and step_graph is not False and step_graph != "loop":
+            raise TranslatorError(f"step_graph: expected True, False or 'loop', got {step_graph!r}")
+        self._step = self._loop = None
+        """The export's step graph (``export --step-graph``; one run a pass) or loop graph (one run a batch), the
+        one asked for."""
+        self._step_options: Dict[str, Any] = {}
+        """The decoding options the step and loop graphs were exported for (``settings.json``'s ``step``)."""
+        if step_graph:
+            if step is None:
+                raise TranslatorError(f"{self.model_dir}: holds no step graph ({F.STEP}): export with --step-graph")
+            whole = step_graph == "loop"
+            session = _session(ort, step[1] if whole else step[0], so, providers)
+            self._step_options = step[2]
+            F.check_step_graph(self.model_dir, session, m["decoder_layers"],
+                               self._step_options["close_ended_slots"] and self.termination == "slot",
+                               len(self.target_symbols), whole)
+            self._loop, self._step = (session, None) if whole else (None, session)
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
         self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
@@ -195,7 +242,11 @@ class Translator:
     # ------------------------------------------------------------------ API
     def end_profiling(self) -> Dict[str, str]:
         """With ``profile``: write the profiler's traces (onnxruntime's JSON) and return their paths, by graph."""
-        return {"encoder": self._encoder.end_profiling(), "pass": self._pass.end_profiling()}
+        traces = {"encoder": self._encoder.end_profiling(), "pass": self._pass.end_profiling()}
+        for name, session in (("step", self._step), ("loop", self._loop)):
+            if session is not None:
+                traces[name] = session.end_profiling()
+        return traces
 
     @property
     def has_scorer(self) -> bool:
@@ -352,8 +403,10 @@ class Translator:
         names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
         source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        found = L.decode(Passes(self, opts, src), source, start, max_len, opts, self.termination, self.eos,
-                         self.pad, self.word_scheme != "none", shortlist=shortlist)
+        backend = (Passes if not self._steps(opts, start) else Looped if self._loop is not None else Steps)(
+            self, opts, src)
+        found = L.decode(backend, source, start, max_len, opts, self.termination, self.eos, self.pad,
+                         self.word_scheme != "none", shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
         best = order[::n]  # (B,)
@@ -363,6 +416,43 @@ class Translator:
         candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
+
+    def _steps(self, opts: DecodingConfig, start: L.Start) -> bool:
+        """Whether the step (or loop) graph decodes a batch that starts from ``start`` with ``opts``: it is loaded, was
+        exported for these options, and the canvases start empty (no constraints) without a shortlist."""
+        return ((self._step is not None or self._loop is not None) and start.tokens.shape[1] == 0
+                and self._shortlist is None
+                and all(getattr(opts, key) == value for key, value in self._step_options.items()))
+
+    def _state_feeds(self, state: Canvases, source: Source, opts: DecodingConfig, max_iterations: int
+                     ) -> Dict[str, np.ndarray]:
+        """The step and loop graphs' inputs: the rows' state, each row's EOS penalty, ``max_iterations`` and the
+        source side."""
+        A = len(state.lengths)
+        penalty = state.eos_penalty if state.eos_penalty is not None else self._constant(A, opts.betas[0], np.float32)
+        feeds = {"canvas": np.ascontiguousarray(state.tokens), "scores": np.ascontiguousarray(state.scores),
+                 "lengths": state.lengths, "iterations": state.iterations, "max_len": state.max_len,
+                 "eos_penalty": penalty, "max_iterations": np.asarray(max_iterations, np.int64), **source.inputs}
+        if state.closed_before is not None:
+            feeds["closed_before"], feeds["closed_end"] = np.ascontiguousarray(state.closed_before), state.closed_end
+        return feeds
+
+    def _advance(self, state: Canvases, source: Source, max_iter: int, opts: DecodingConfig) -> L.Pass:
+        """One pass in the step graph (:func:`fairseq_insertion.loop.step` of the pass's insertions, the iteration
+        bound ``max_iter``): the state after it and the rows that go on."""
+        tokens, scores, lengths, iterations, final_eos, keep, n_keep, kept_width, *closed = self._step.run(
+            None, self._state_feeds(state, source, opts, max_iter))
+        new = state._replace(tokens=tokens, scores=scores, lengths=lengths, iterations=iterations, final_eos=final_eos,
+                             **dict(zip(("closed_before", "closed_end"), closed)))
+        return L.Pass(state=new, keep=keep, n_keep=int(n_keep), kept_width=int(kept_width))
+
+    def _run_loop(self, state: Canvases, source: Source, opts: DecodingConfig) -> Tuple[Canvases, int]:
+        """The whole loop in one run of the loop graph (:func:`fairseq_insertion.loop.run`'s results): every row's
+        final canvases, in batch order, and the passes run."""
+        feeds = {**self._state_feeds(state, source, opts, opts.max_iterations), "final_eos": state.final_eos}
+        tokens, scores, lengths, iterations, final_eos, passes = self._loop.run(None, feeds)
+        return state._replace(tokens=tokens, scores=scores, lengths=lengths, iterations=iterations,
+                              final_eos=final_eos), int(passes)
 
     def _first_tokens(self, source: Source, B: int, k: int, shortlist: Optional[np.ndarray] = None
                       ) -> Tuple[np.ndarray, np.ndarray]:
