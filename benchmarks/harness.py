@@ -157,22 +157,24 @@ class Fairseq(Engine):
 class Runtime(Engine):
     """The insertion model exported (``precision``: fp32 or int8), run by the plugin's runtime; ``scorer``: an
     autoregressive checkpoint exported beside it that orders the ``eos_penalties`` candidates; ``shortlist``: a
-    lexical shortlist table exported with it."""
+    lexical shortlist table exported with it; ``step_graph`` (True or ``"loop"``): exported with the step and loop
+    graphs and decoded by them (``Translator(step_graph=)``)."""
 
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
         self.options = {k: v for k, v in system.options.items()
-                        if k not in ("precision", "constraints", "scorer", "shortlist")}
+                        if k not in ("precision", "constraints", "scorer", "shortlist", "step_graph")}
         self.options.update(max_len_a=where.max_len[0], max_len_b=where.max_len[1])
         self.dir, self.translator = where.work / "export" / system.name, None
         scorer, shortlist = system.options.get("scorer"), system.options.get("shortlist")
+        self.step_graph = system.options.get("step_graph", False)
         export(system.checkpoint, where.data_bin, self.dir, int8=system.options.get("precision") == "int8",
                config=DecodingConfig(**self.options), scorer=Path(scorer) if scorer else None,
-               shortlist=Path(shortlist) if shortlist else None)
+               shortlist=Path(shortlist) if shortlist else None, step=bool(self.step_graph))
 
     def load(self, threads: int) -> None:
         self.translator = None
-        self.translator = Translator(self.dir, intra_threads=threads)
+        self.translator = Translator(self.dir, intra_threads=threads, step_graph=self.step_graph)
 
     def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None) -> list[Output]:
         before = self.translator.stats["passes"]

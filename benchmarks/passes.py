@@ -6,12 +6,19 @@ kernels, and in onnxruntime between them), in the encoder's runs and outside onn
 ``loop.py``, and the runtime's Python). Writes OUT/passes.json and .md.
 
     python -m benchmarks.passes --insertion INS/checkpoint.pt --data-bin KIT/data-bin --out OUT \\
-        [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before]
+        [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before] \\
+        [--modes pass step loop]
+
+``--modes``: the runtime's decoding paths measured side by side, alternating round by round: ``pass`` (one
+pass-graph run a pass, the loop in numpy), ``step`` (one step-graph run a pass: the loop's step inside the
+graph, Python keeps the rows that go on) and ``loop`` (one loop-graph run a batch: the whole loop inside
+onnxruntime); with more than one, each row also gives its hypotheses' agreement with the first mode's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from collections import Counter
@@ -24,9 +31,12 @@ TOP = 14  # operators in the table
 
 
 def graph_profile(events: list[dict]) -> dict:
-    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node."""
+    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node. A ``Loop``
+    node's time holds its body's kernels, which the profiler lists too: it is left out (what it adds of its own
+    counts as time between kernels)."""
     runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+               and e.get("args", {}).get("op_name") != "Loop"]
     by_op = Counter()
     for e in kernels:
         by_op[e["args"]["op_name"]] += e["dur"]
@@ -34,26 +44,32 @@ def graph_profile(events: list[dict]) -> dict:
             "nodes": len({e["name"] for e in kernels}), "by_op": dict(by_op.most_common())}
 
 
+MODES = {"pass": False, "step": True, "loop": "loop"}  # the runtime's decoding paths (Translator's step_graph)
+
+
 def profiled(engine: H.Runtime, inputs: H.Inputs, batch: int, prefix: Path, threads: int) -> dict:
-    """One decode under onnxruntime's profiler: the shares of its seconds."""
+    """One decode under onnxruntime's profiler: the shares of its seconds. The decoding graph is the one the
+    engine's mode runs (the pass, step or loop graph)."""
     from fairseq_insertion.runtime import Translator
 
-    plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix))
+    plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix),
+                                                             step_graph=engine.step_graph)
     try:  # every batch once, no burn-in: the profiler sees what the clock sees
-        _, seconds, _ = H.decode(engine, inputs, H.schedule(inputs.sources, batch), burn_in=False)
+        _, seconds, passes = H.decode(engine, inputs, H.schedule(inputs.sources, batch), burn_in=False)
         paths = engine.translator.end_profiling()
     finally:
         engine.translator = plain
-    enc, dec = (graph_profile(json.loads(Path(paths[g]).read_text(encoding="utf-8"))) for g in ("encoder", "pass"))
+    graph = {False: "pass", True: "step", "loop": "loop"}[engine.step_graph]
+    enc, dec = (graph_profile(json.loads(Path(paths[g]).read_text(encoding="utf-8"))) for g in ("encoder", graph))
     wall, ops = seconds * 1e6, dec["by_op"].items()
     share = lambda us: round(us / wall, 3)  # noqa: E731
-    return {"seconds": round(seconds, 3), "passes": dec["runs"], "pass_graph_nodes": dec["nodes"],
+    return {"seconds": round(seconds, 3), "passes": passes, "graph_runs": dec["runs"], "pass_graph_nodes": dec["nodes"],
             "share_pass_kernels": share(dec["kernel_us"]), "share_pass_between_kernels": share(dec["run_us"] -
                                                                                               dec["kernel_us"]),
             "share_encoder": share(enc["run_us"]),
             "share_outside_onnxruntime": share(wall - dec["run_us"] - enc["run_us"]),
             "pass_kernel_share_by_op": {op: round(us / max(dec["kernel_us"], 1), 3) for op, us in ops},
-            "pass_kernel_us_per_pass_by_op": {op: round(us / max(dec["runs"], 1), 1) for op, us in ops}}
+            "pass_kernel_us_per_pass_by_op": {op: round(us / max(passes, 1), 1) for op, us in ops}}
 
 
 def measure(args: argparse.Namespace, results: dict) -> None:
@@ -61,32 +77,41 @@ def measure(args: argparse.Namespace, results: dict) -> None:
     inputs = H.inputs(args.data_bin, "test", n=args.sentences)
     for precision in args.precisions:
         options = {"decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION}
-        engine = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", options), where)
-        engine.load(args.threads)
+        exported = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime",
+                                      {**options, "step_graph": True}), where)  # one export serves every mode
+        engines = {mode: copy.copy(exported) for mode in args.modes}
+        for mode, engine in engines.items():
+            engine.step_graph = MODES[mode]
+            engine.load(args.threads)
         for batch in args.batches:
-            timed = H.rounds({precision: engine}, inputs, batch, args.rounds)[precision]
-            seconds = sorted(timed.seconds)[len(timed.seconds) // 2]
-            prefix = args.out / "traces" / f"{args.label}_{precision}_batch{batch}"
-            prefix.parent.mkdir(parents=True, exist_ok=True)
-            results["rows"].append({
-                "label": args.label, "precision": precision, "batch": batch, "seconds": round(seconds, 3),
-                "seconds_by_round": [round(x, 3) for x in timed.seconds], "passes": timed.passes,
-                "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
-                "passes_per_sentence": round(timed.passes / len(inputs.sources), 3),
-                "profiled": profiled(engine, inputs, batch, prefix, args.threads)})
+            timed_by_mode = H.rounds(engines, inputs, batch, args.rounds)  # alternating round by round
+            first = [o.tokens for o in timed_by_mode[args.modes[0]].outputs]
+            for mode, timed in timed_by_mode.items():
+                seconds = sorted(timed.seconds)[len(timed.seconds) // 2]
+                prefix = args.out / "traces" / f"{args.label}_{mode}_{precision}_batch{batch}"
+                prefix.parent.mkdir(parents=True, exist_ok=True)
+                results["rows"].append({
+                    "label": args.label, "mode": mode, "precision": precision, "batch": batch,
+                    "seconds": round(seconds, 3), "seconds_by_round": [round(x, 3) for x in timed.seconds],
+                    "passes": timed.passes, "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
+                    "passes_per_sentence": round(timed.passes / len(inputs.sources), 3),
+                    "same_as_first_mode": sum(o.tokens == f for o, f in zip(timed.outputs, first)),
+                    "mean_length": sum(len(o.tokens) for o in timed.outputs) / len(timed.outputs),
+                    "profiled": profiled(engines[mode], inputs, batch, prefix, args.threads)})
 
 
 def markdown(results: dict) -> str:
     C = T.Column
     rows = results["rows"]
-    columns = [*T.keyed("label", "precision", "batch", "seconds", "ms_per_pass", "passes_per_sentence"),
+    columns = [*T.keyed("label", "mode", "precision", "batch", "seconds", "ms_per_pass", "passes_per_sentence",
+                        "same_as_first_mode"),
                C("pass graph nodes", lambda r: r["profiled"]["pass_graph_nodes"]),
                *(C(title, lambda r, k=k: f"{100 * r['profiled'][k]:.0f}%") for title, k in (
                    ("pass kernels", "share_pass_kernels"), ("pass, between kernels", "share_pass_between_kernels"),
                    ("encoder", "share_encoder"), ("outside onnxruntime (numpy loop)", "share_outside_onnxruntime")))]
     ops = sorted({op for r in rows for op in r["profiled"]["pass_kernel_share_by_op"]},
                  key=lambda op: -max(r["profiled"]["pass_kernel_share_by_op"].get(op, 0) for r in rows))[:TOP]
-    op_columns = [C("operator", lambda o: o["op"]), *(C(f"{r['label']} {r['precision']} b{r['batch']}",
+    op_columns = [C("operator", lambda o: o["op"]), *(C(f"{r['mode']} {r['precision']} b{r['batch']}",
                                                         lambda o, r=r: r["profiled"]["pass_kernel_us_per_pass_by_op"]
                                                         .get(o["op"]), 1) for r in rows)]
     version = results["versions"].get("onnxruntime")
@@ -102,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = T.parser("benchmarks.passes", __doc__, insertion=None, data_bin=None, eos_penalty=3.5, sentences=200,
                  batches=[1, 128], precisions=["fp32", "int8"], threads=1)
     p.add_argument("--label", default="now", help="the rows' label (the code measured)")
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=["pass"],
+                   help="the runtime's decoding paths, alternated round by round (default: pass)")
     return p
 
 
