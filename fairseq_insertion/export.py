@@ -456,6 +456,19 @@ def _check_step(config: DecodingConfig) -> None:
                           "unkpen 0")
 
 
+def _step_inputs(model: nn.Module, config: DecodingConfig, name: str, whole: bool
+                 ) -> Tuple[Graph, GraphOps, nn.Module, str, bool, LOOP.Canvases, GraphArray]:
+    """A step or loop graph's start (the options refused first): the builder ``name``, its GraphOps, the decoder,
+    the model's termination, whether slots close at end-of-slot, and the state's inputs (:func:`_state_inputs`)."""
+    _check_step(config)
+    dec, termination = model.decoder, model.termination
+    g = Graph(name)
+    xp = GraphOps(g)
+    close_ended = config.close_ended_slots and termination == "slot"
+    state, max_iterations = _state_inputs(xp, dec, close_ended, whole)
+    return g, xp, dec, termination, close_ended, state, max_iterations
+
+
 def step_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
     """A whole decoding pass from the active rows' state to the next (``step.onnx``), the loop's own functions
     (:mod:`fairseq_insertion.loop`) emitted as nodes (:class:`~fairseq_insertion.graph_ops.GraphOps`) around
@@ -466,12 +479,8 @@ def step_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
     ``next_scores`` (A, K'), ``next_lengths``, ``next_iterations`` (A,), ``final_eos`` (A,), ``keep`` (A,) the rows
     that go on, ``n_keep`` () their number, ``kept_width`` () the longest of their canvases, and with close-ended
     slots ``next_closed_before`` (A, K'), ``next_closed_end`` (A,)."""
-    _check_step(config)
-    dec, termination = model.decoder, model.termination
-    g = Graph("insertion_step")
-    xp = GraphOps(g)
-    close_ended = config.close_ended_slots and termination == "slot"
-    state, max_iterations = _state_inputs(xp, dec, close_ended, whole=False)
+    g, xp, dec, termination, close_ended, state, max_iterations = _step_inputs(model, config, "insertion_step",
+                                                                               whole=False)
     after = _step(g, xp, dec, config, termination, state, max_iterations)
     new = after.state
     for name, value in (("next_canvas", new.tokens), ("next_scores", new.scores), ("next_lengths", new.lengths),
@@ -493,12 +502,8 @@ def loop_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
     Inputs (:func:`_state_inputs` with ``final_eos``; ``max_iterations``: the option, 0 for each batch's room).
     Outputs: every row's final ``next_canvas``, ``next_scores`` (A, K'), ``next_lengths``, ``next_iterations``,
     ``next_final_eos`` (A,), in batch order, and ``passes`` () the passes run."""
-    _check_step(config)
-    dec, termination = model.decoder, model.termination
-    g = Graph("insertion_loop")
-    xp = GraphOps(g)
-    close_ended = config.close_ended_slots and termination == "slot"
-    state, max_iterations = _state_inputs(xp, dec, close_ended, whole=True)
+    g, xp, dec, termination, close_ended, state, max_iterations = _step_inputs(model, config, "insertion_loop",
+                                                                               whole=True)
     start, room = LOOP.starting(xp, state)  # (A,) each
     bound = xp.where(max_iterations > 0, max_iterations, room.max())  # () as run's
     carried = [state.tokens, state.scores, state.lengths, state.iterations, state.final_eos, start, xp.constant(0)]

@@ -709,9 +709,9 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
         return whole(state, memory, bounds)
     xp = backend.xp
     B, K = state.tokens.shape
-    start, room = starting(xp, state)  # (B,) each
+    start, rooms = starting(xp, state)  # (B,) each
     width, room, n_active, started_width = xp.host(
-        state.max_len.max(), room.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
+        state.max_len.max(), rooms.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
     out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
     max_iter = bounds.max_iterations or room
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
