@@ -52,7 +52,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -128,6 +128,16 @@ class Graph:
         """A node whose output is a graph output called ``name``."""
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
+
+    def branch(self, name: str, build: Callable[[], Sequence[Tuple[str, Any]]]) -> "onnx.GraphProto":
+        """The nodes and constants ``build`` adds, moved into a subgraph (an ``If``'s branch) whose outputs are the
+        (value, numpy element type) pairs it returns; it reads the outer graph's values by name."""
+        nodes, initializers = len(self.nodes), len(self.initializers)
+        outputs = [helper.make_tensor_value_info(value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
+                   for value, dtype in build()]
+        graph = helper.make_graph(self.nodes[nodes:], name, [], outputs, self.initializers[initializers:])
+        del self.nodes[nodes:], self.initializers[initializers:]
+        return graph
 
     def model(self, inputs: list, outputs: list, vocab_size: int) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)

@@ -27,7 +27,7 @@ export graph builder.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -164,30 +164,49 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
     scores, with the inputs ``classes`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1) and
     ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
-    ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it."""
+    ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
+
+    The (N, V) table is read by few kernels: onnxruntime's fused ``LogSoftmax`` gives the log-probabilities, one
+    scatter bars the blocked tokens and the specials on the raw scores, and an ``ArgMax`` finds the best of the
+    rest; the word-edge classes' exclusion table and the k-best ``TopK`` (each a pass over the table, the top-k 3-4
+    times an ``ArgMax``'s) run only in the branch for a batch that has a slot of class > 0 or k > 1."""
     V = rule.excluded.shape[1]
     if ids is not None:  # the padding (id V) takes no part
         content = g.op("Where", g.op("Equal", ids, g.const(np.asarray(V, np.int64), "padding_id")),
                        g.scalar(NEG_INF), content)  # (N, L)
-    top = g.op("ReduceMax", content, axes=[1], keepdims=1)  # (N, 1); onnxruntime's ReduceLogSumExp is slower
-    lse = g.op("Add", g.op("Log", g.op("ReduceSum", g.op("Exp", g.op("Sub", content, top)), g.ints(1), keepdims=1)),
-               top)  # (N, 1) log-normaliser
-    eos_score = g.op("Gather", content, g.const(np.asarray([rule.eos], dtype=np.int64), "eos"), axis=1)  # (N, 1)
-    g.output("Sub", "eos_log_probs", eos_score, lse)
-    if ids is None:
-        excluded = g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0)  # (N, V)
-    else:  # (N, L) the table's entries at (class, id), flat
-        at = g.op("Add", g.op("Mul", g.op("Unsqueeze", classes, g.ints(1)), g.const(np.asarray(V + 1, np.int64),
-                                                                                      "classes_stride")), ids)
-        excluded = g.op("Gather", g.const(_padded(rule.excluded).reshape(-1), "excluded"), at, axis=0)
-    allowed = g.op("Add", content, excluded)  # (N, V) or (N, L)
-    fill = g.op("Expand", g.scalar(NEG_INF), g.op("Shape", blocked))  # (N, M)
-    other, other_id = g.op("TopK", g.op("ScatterElements", allowed, blocked, fill, axis=1), k, axis=1,
-                           outputs=2)  # (N, k) the best tokens other than end-of-slot; ties: the lower id
-    if ids is not None:
-        other_id = g.op("GatherElements", ids, other_id, axis=1)  # (N, k) positions to ids
+    log_probs = g.op("LogSoftmax", content, axis=1)  # (N, V) or (N, L)
+    eos = g.const(np.asarray([rule.eos], dtype=np.int64), "eos")
+    eos_score = g.op("Gather", content, eos, axis=1)  # (N, 1)
+    eos_log_probs = g.output("Gather", "eos_log_probs", log_probs, eos, axis=1)  # (N, 1)
+    specials = g.op("Expand", g.const(np.asarray([rule.specials], np.int64), "specials"),
+                    g.op("Concat", g.op("Shape", blocked, end=1), g.ints(len(rule.specials)), axis=0))  # (N, 3)
+    barred = g.op("Concat", blocked, specials, axis=1)  # (N, M + 3): positions in the list too (a special's is its id)
+    allowed = g.op("ScatterElements", content, barred, g.op("Expand", g.scalar(NEG_INF), g.op("Shape", barred)),
+                   axis=1)  # (N, V) or (N, L)
+
+    def k_best() -> List[Tuple[str, Any]]:  # the word-edge classes' exclusions, then the k best
+        if ids is None:
+            excluded = g.op("Gather", g.const(rule.excluded, "excluded"), classes, axis=0)  # (N, V)
+        else:  # (N, L) the table's entries at (class, id), flat
+            at = g.op("Add", g.op("Mul", g.op("Unsqueeze", classes, g.ints(1)),
+                                  g.const(np.asarray(V + 1, np.int64), "classes_stride")), ids)
+            excluded = g.op("Gather", g.const(_padded(rule.excluded).reshape(-1), "excluded"), at, axis=0)
+        values, at = g.op("TopK", g.op("Add", allowed, excluded), k, axis=1, outputs=2)  # (N, k); ties: lower id
+        return [(values, np.float32), (at, np.int64)]
+
+    def best() -> List[Tuple[str, Any]]:  # every slot in class 0 and k = 1: the best one
+        at = g.op("ArgMax", allowed, axis=1, keepdims=1)  # (N, 1); ties: the first, the lower id
+        return [(g.op("GatherElements", allowed, at, axis=1), np.float32), (at, np.int64)]
+
+    general = g.op("Or", g.op("Greater", g.op("ReduceMax", g.op("Concat", classes, g.ints(0), axis=0), keepdims=0),
+                              g.const(np.asarray(0, np.int64), "class_free")),
+                   g.op("Greater", g.op("Squeeze", k, g.ints(0)), g.const(np.asarray(1, np.int64), "one")))  # ()
+    other, other_at = g.op("If", general, then_branch=g.branch("k_best", k_best), else_branch=g.branch("best", best),
+                           outputs=2)  # (N, k) each: the best tokens other than end-of-slot, their positions
+    other_id = other_at if ids is None else g.op("GatherElements", ids, other_at, axis=1)  # (N, k) ids
     eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
     eos_allowed = g.op("Where", no_end, g.scalar(NEG_INF), eos_penalised)
     eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
     g.output("Where", "tokens", eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
-    g.output("Sub", "log_probs", g.op("Where", eos_wins, eos_penalised, other), lse)
+    g.output("Where", "log_probs", eos_wins, g.op("Sub", eos_log_probs, eos_penalty),
+             g.op("GatherElements", log_probs, other_at, axis=1))
