@@ -94,7 +94,11 @@ def schedule(sources: list[list[str]], batch: int) -> list[list[int]]:
 
 class Engine:
     """``load(threads)`` once per thread count, then ``translate(batch, constraints)`` batches of pieces;
-    ``passes()``: the batched decoder passes so far (else the longest output or iterations + 1 per batch)."""
+    ``passes()``: the batched decoder passes so far (else the longest output or iterations + 1 per batch).
+    ``whole_file``: the engine takes every batch in one ``translate(..., max_batch_size=)`` call, as a user
+    translates a file (it sorts by length and cuts its batches itself)."""
+
+    whole_file = False
 
     def __init__(self, system: System, where: Where):
         self.system, self.where, self.counted = system, where, 0
@@ -105,8 +109,12 @@ class Engine:
     def passes(self) -> int:
         return self.counted
 
-    def count(self, outputs: list[Output]) -> list[Output]:
-        self.counted += max(len(o.tokens) if o.iterations is None else o.iterations for o in outputs) + 1
+    def count(self, outputs: list[Output], size: int = 0) -> list[Output]:
+        """``outputs`` of batches of ``size`` (0: one batch) in order: their passes counted."""
+        size = size or len(outputs)
+        for k in range(0, len(outputs), size):
+            self.counted += max(len(o.tokens) if o.iterations is None else o.iterations
+                                for o in outputs[k:k + size]) + 1
         return outputs
 
 
@@ -160,6 +168,8 @@ class Runtime(Engine):
     lexical shortlist table exported with it; ``step_graph`` (True or ``"loop"``): exported with the step and loop
     graphs and decoded by them (``Translator(step_graph=)``)."""
 
+    whole_file = True
+
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
         self.options = {k: v for k, v in system.options.items()
@@ -176,16 +186,20 @@ class Runtime(Engine):
         self.translator = None
         self.translator = Translator(self.dir, intra_threads=threads, step_graph=self.step_graph)
 
-    def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None) -> list[Output]:
+    def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None,
+                  max_batch_size: int = 0) -> list[Output]:
         before = self.translator.stats["passes"]
         given = constraints and [[c.split() for c in cs] for cs in constraints]  # ordered, as the system's options
-        results = self.translator.translate_batch(batch, max_batch_size=len(batch), constraints=given, **self.options)
+        results = self.translator.translate_batch(batch, max_batch_size=max_batch_size or len(batch),
+                                                  constraints=given, **self.options)
         self.counted += self.translator.stats["passes"] - before
         return [Output(r.hypotheses[0], r.iterations[0]) for r in results]
 
 
 class CTranslate2(Engine):
     """The Transformer converted by CTranslate2 (``precision``: fp32 or int8), greedy (``beam``: beam search)."""
+
+    whole_file = True
 
     def __init__(self, system: System, where: Where):
         from ctranslate2.converters import FairseqConverter  # a benchmark dependency only
@@ -201,12 +215,14 @@ class CTranslate2(Engine):
         self.translator = None
         self.translator = ctranslate2.Translator(str(self.dir), device="cpu", intra_threads=threads, inter_threads=1)
 
-    def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None) -> list[Output]:
-        a, b = self.where.max_len  # fairseq's limit: a x (the batch's source width + the end marker) + b
+    def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None,
+                  max_batch_size: int = 0) -> list[Output]:
+        a, b = self.where.max_len  # fairseq's limit: a x (the longest source + the end marker) + b
         limit = min(int(a * (max(map(len, batch)) + 1) + b), 1023)
         results = self.translator.translate_batch(batch, beam_size=self.system.options.get("beam", 1),
-                                                  max_batch_size=len(batch), max_decoding_length=limit)
-        return self.count([Output(list(r.hypotheses[0])) for r in results])
+                                                  max_batch_size=max_batch_size or len(batch),
+                                                  max_decoding_length=limit)
+        return self.count([Output(list(r.hypotheses[0])) for r in results], max_batch_size)
 
 
 ENGINES: dict[str, type[Engine]] = {"fairseq": Fairseq, "runtime": Runtime, "ctranslate2": CTranslate2}
@@ -220,16 +236,23 @@ class Timed(NamedTuple):
 
 def decode(engine: Engine, inputs: Inputs, batches: list[list[int]], burn_in: bool = True
            ) -> tuple[list[Output], float, int]:
-    """(outputs in line order, seconds, passes) of one decode of every batch, after a burn-in batch."""
+    """(outputs in line order, seconds, passes) of one decode of every batch, after a burn-in batch; an engine
+    that takes a whole file (``whole_file``) decodes them in one call."""
     pick = (lambda idx: [inputs.constraints[i] for i in idx]) if inputs.constraints else (lambda idx: None)
     if burn_in:
         engine.translate([inputs.sources[i] for i in batches[0]], pick(batches[0]))
     gc.collect()
     outputs: list[Output] = [Output([])] * len(inputs.sources)
     passes, start = engine.passes(), time.perf_counter()
-    for idx in batches:
-        for i, out in zip(idx, engine.translate([inputs.sources[i] for i in idx], pick(idx)), strict=True):
+    if engine.whole_file and len(batches) > 1:  # one call, longest source first, cut by the engine
+        order = [i for idx in batches for i in idx]
+        got = engine.translate([inputs.sources[i] for i in order], pick(order), max_batch_size=len(batches[0]))
+        for i, out in zip(order, got, strict=True):
             outputs[i] = out
+    else:
+        for idx in batches:
+            for i, out in zip(idx, engine.translate([inputs.sources[i] for i in idx], pick(idx)), strict=True):
+                outputs[i] = out
     return outputs, time.perf_counter() - start, engine.passes() - passes
 
 

@@ -10,6 +10,7 @@ torch tensors; the runtime without torch or fairseq; the command lines."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +102,21 @@ def test_int8_export_decodes_every_line(trained, tmp_path):
     results = translator.translate_batch([["w1", "w2", "w3"], [], ["w5"] * 3], max_batch_size=2)
     assert len(results) == 3 and results[1].hypotheses == [[]]
     assert all(set(tok for tok in r.hypotheses[0]) <= set(translator.target_symbols) for r in results)
+
+
+def test_fp32_sessions_run_residual_and_layer_norm_apart_int8_fused(trained, tmp_path):
+    """An fp32 export's sessions leave out onnxruntime's SkipLayerNormalization fusion (slower in these graphs);
+    an int8 export keeps it (its rounding moves with it). Read from the kernels onnxruntime's profiler saw."""
+    _, model, task, fp32 = trained
+    int8 = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "int8", int8=True)
+    ops = {}
+    for name, out in (("fp32", fp32), ("int8", int8)):
+        translator = Translator(out, intra_threads=1, profile=str(tmp_path / name))
+        translator.translate_batch([["w1", "w2", "w3"], ["w5"] * 3])
+        trace = json.loads(Path(translator.end_profiling()["pass"]).read_text())
+        ops[name] = {e["args"]["op_name"] for e in trace if e.get("cat") == "Node" and "op_name" in e.get("args", {})}
+    assert "LayerNormalization" in ops["fp32"] and "SkipLayerNormalization" not in ops["fp32"], ops["fp32"]
+    assert "SkipLayerNormalization" in ops["int8"], ops["int8"]
 
 
 def test_options_default_to_the_export_and_are_checked(trained):

@@ -200,8 +200,9 @@ class Translator:
         # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
-        self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers)
-        self._pass = _session(ort, self.model_dir / F.PASS, so, providers)
+        unfused = UNFUSED if m["precision"] == "fp32" else ()
+        self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
+        self._pass = _session(ort, self.model_dir / F.PASS, so, providers, unfused)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)), shortlist is not None)
         self._shortlist: Optional[Shortlist] = None
@@ -214,7 +215,7 @@ class Translator:
         self._scorer = None
         """The export's scorer (``export --rerank-with``): it orders each sentence's candidates."""
         if scorer is not None:
-            self._scorer = _session(ort, scorer, so, providers)
+            self._scorer = _session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         if step_graph is not True and step_graph is not False and step_graph != "loop":
             raise TranslatorError(f"step_graph: expected True, False or 'loop', got {step_graph!r}")
@@ -227,7 +228,7 @@ class Translator:
             if step is None:
                 raise TranslatorError(f"{self.model_dir}: holds no step graph ({F.STEP}): export with --step-graph")
             whole = step_graph == "loop"
-            session = _session(ort, step[1] if whole else step[0], so, providers)
+            session = _session(ort, step[1] if whole else step[0], so, providers, unfused)
             self._step_options = step[2]
             F.check_step_graph(self.model_dir, session, m["decoder_layers"],
                                self._step_options["close_ended_slots"] and self.termination == "slot",
@@ -545,10 +546,17 @@ def _providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> 
     return list(providers)
 
 
-def _session(ort: Any, path: Path, options: Any, providers: List[str]) -> Any:
-    """An onnxruntime session of one graph; a file onnxruntime cannot load is named."""
+UNFUSED = ("SkipLayerNormFusion",)
+"""onnxruntime's graph optimizations left out of an fp32 export's sessions: its fused SkipLayerNormalization (a
+residual Add with the LayerNormalization after it) runs slower in these graphs than the two nodes apart, with the
+same outputs. An int8 export keeps it: its rounding moves with the fusion (``docs/deploy.md``)."""
+
+
+def _session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:
+    """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file onnxruntime cannot load
+    is named."""
     try:
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(unfused))
     except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class but Exception
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TranslatorError(f"{path}: onnxruntime cannot load it ({reason}): export again") from None
