@@ -28,15 +28,16 @@ from . import harness as H
 from . import report as T
 
 TOP = 14  # operators in the table
+SUBGRAPHS = ("Loop", "If")  # nodes whose time holds their subgraphs' kernels
 
 
 def graph_profile(events: list[dict]) -> dict:
-    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node. A ``Loop``
-    node's time holds its body's kernels, which the profiler lists too: it is left out (what it adds of its own
-    counts as time between kernels)."""
+    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node. A ``Loop`` or
+    ``If`` node's time holds its subgraph's kernels, which the profiler lists too: it is left out (what it adds of
+    its own counts as time between kernels)."""
     runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
-               and e.get("args", {}).get("op_name") != "Loop"]
+               and e.get("args", {}).get("op_name") not in SUBGRAPHS]
     by_op = Counter()
     for e in kernels:
         by_op[e["args"]["op_name"]] += e["dur"]
