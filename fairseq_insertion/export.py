@@ -129,15 +129,25 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
 
-    def branch(self, name: str, build: Callable[[], Sequence[Tuple[str, Any]]]) -> "onnx.GraphProto":
-        """The nodes and constants ``build`` adds, moved into a subgraph (an ``If``'s branch) whose outputs are the
-        (value, numpy element type) pairs it returns; it reads the outer graph's values by name."""
-        nodes, initializers = len(self.nodes), len(self.initializers)
-        outputs = [helper.make_tensor_value_info(value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
-                   for value, dtype in build()]
-        graph = helper.make_graph(self.nodes[nodes:], name, [], outputs, self.initializers[initializers:])
+    def mark(self) -> Tuple[int, int]:
+        """Where the nodes and constants added from now on begin (:meth:`cut` moves them into a subgraph)."""
+        return len(self.nodes), len(self.initializers)
+
+    def cut(self, mark: Tuple[int, int], name: str, inputs: list, outputs: list) -> "onnx.GraphProto":
+        """The nodes and constants added since ``mark``, moved out of this graph into a subgraph (a ``Loop``'s body,
+        an ``If``'s branch) with these inputs and outputs; it reads the outer graph's values by name."""
+        nodes, initializers = mark
+        graph = helper.make_graph(self.nodes[nodes:], name, inputs, outputs, self.initializers[initializers:])
         del self.nodes[nodes:], self.initializers[initializers:]
         return graph
+
+    def branch(self, name: str, build: Callable[[], Sequence[Tuple[str, Any]]]) -> "onnx.GraphProto":
+        """The nodes and constants ``build`` adds, as an ``If``'s branch whose outputs are the (value, numpy element
+        type) pairs it returns."""
+        mark = self.mark()
+        outputs = [helper.make_tensor_value_info(value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
+                   for value, dtype in build()]
+        return self.cut(mark, name, [], outputs)
 
     def model(self, inputs: list, outputs: list, vocab_size: int) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
@@ -520,7 +530,7 @@ def loop_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
     if close_ended:
         carried += [state.closed_before, state.closed_end]
     trips, going = bound + 1, start.any()
-    nodes, initializers = len(g.nodes), len(g.initializers)
+    mark = g.mark()
     body = GraphOps(g)  # the body's nodes, moved into its graph below; outer values are read by name
     body.input("iteration", np.int64, [])
     body.input("going", np.bool_, [])
@@ -544,9 +554,7 @@ def loop_graph(model: nn.Module, config: DecodingConfig) -> "onnx.ModelProto":
                         ("passes", passes + 1), *((("closed_before", new.closed_before), ("closed_end", new.closed_end))
                                                   if close_ended else ())):
         body.output(f"body_{name}_out", value)
-    step = helper.make_graph(g.nodes[nodes:], "insertion_step", body.inputs, body.outputs,
-                             g.initializers[initializers:])  # (iteration, going, carried) -> (going, carried)
-    del g.nodes[nodes:], g.initializers[initializers:]
+    step = g.cut(mark, "insertion_step", body.inputs, body.outputs)  # (iteration, going, carried) -> (going, carried)
     final = g.op("Loop", trips.name, going.name, *(x.name for x in carried), body=step, outputs=len(carried))
     names = ("next_canvas", "next_scores", "next_lengths", "next_iterations", "next_final_eos", None, "passes")
     for name, value, like in zip(names, final, carried):
