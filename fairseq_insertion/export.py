@@ -1,6 +1,6 @@
 """Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
 
-    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8] [--step-graph] \
+    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8 [dynamic]] [--step-graph] \
         [decoding options] [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
 
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
@@ -37,8 +37,10 @@ Each graph's metadata holds its vocabulary size (``vocab_size``: the source's in
 target's in the pass), which the runtime checks against the vocabulary files.
 
 Batch, source length, canvas length and the number of open slots are dynamic axes. ``--int8``
-quantizes the graphs' weights with onnxruntime's dynamic quantization (int8 weights, activations
-quantized per call).
+runs the graphs' products by weight matrices in int8 with per-row activation scales
+(:mod:`fairseq_insertion.quantization`: a sentence's translation does not depend on its batch); ``--int8 dynamic``
+with onnxruntime's dynamic quantization instead (one activation range over the whole batch: faster at batch 1, and
+its outputs move with the batch).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -71,6 +73,7 @@ from .export_format import (
     FORMAT_VERSION,
     LOOP_GRAPH,
     PASS,
+    QUANTIZATIONS,
     SCORER,
     SETTINGS,
     SHORTLIST,
@@ -84,6 +87,7 @@ from .export_format import (
 from .fast_decoder import cacheable
 from .graph_ops import GraphArray, GraphOps
 from .loop import word_edge_table
+from .quantization import graphs, per_row
 from .slots import Shortlist, SlotRule, choose_graph
 from .weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
 
@@ -638,25 +642,39 @@ def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> Non
         onnx.save(pass_graph(model, shortlisted), str(out / PASS))
 
 
-def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS)) -> None:
-    """onnxruntime's dynamic quantization of the graphs ``names``, in place (int8 weights)."""
+def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS), scheme: str = "per-row") -> None:
+    """The graphs ``names`` in int8, in place: ``per-row`` (:func:`fairseq_insertion.quantization.per_row`) or
+    ``dynamic`` (onnxruntime's dynamic quantization)."""
+    if scheme not in QUANTIZATIONS:
+        raise ExportError(f"--int8 {scheme}: expected one of {list(QUANTIZATIONS)}")
+    for name in names:
+        if scheme == "per-row":
+            model = onnx.load(str(out / name))
+            per_row(model)
+            onnx.checker.check_model(model)
+            onnx.save(model, str(out / name))
+        else:
+            _dynamic(out, name)
+
+
+def _dynamic(out: Path, name: str) -> None:
+    """onnxruntime's dynamic quantization of the graph ``name``, in place (int8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    for name in names:
-        graphs = list(_graphs(onnx.load(str(out / name)).graph))  # a Loop's body too
-        dims = {w.name: w.dims for graph in graphs for w in graph.initializer}
-        # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
-        # one-column location query (quantizing its input would cost more than the product) stay fp32
-        nodes = [n.name for graph in graphs for n in graph.node if n.op_type in ("MatMul", "Attention")
-                 and n.input[1] in dims and min(dims[n.input[1]]) > 1]
-        options = {"DefaultTensorType": TensorProto.FLOAT, **({"EnableSubgraph": True} if len(graphs) > 1 else {})}
-        with tempfile.TemporaryDirectory() as tmp:
-            q = Path(tmp) / name
-            quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
-                             extra_options=options)
-            if len(graphs) > 1:
-                _typed_casts(q)
-            shutil.move(str(q), out / name)
+    nested = list(graphs(onnx.load(str(out / name)).graph))  # a Loop's body too
+    dims = {w.name: w.dims for graph in nested for w in graph.initializer}
+    # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
+    # one-column location query (quantizing its input would cost more than the product) stay fp32
+    nodes = [n.name for graph in nested for n in graph.node if n.op_type in ("MatMul", "Attention")
+             and n.input[1] in dims and min(dims[n.input[1]]) > 1]
+    options = {"DefaultTensorType": TensorProto.FLOAT, **({"EnableSubgraph": True} if len(nested) > 1 else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        q = Path(tmp) / name
+        quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                         extra_options=options)
+        if len(nested) > 1:
+            _typed_casts(q)
+        shutil.move(str(q), out / name)
 
 
 def _typed_casts(path: Path) -> None:
@@ -664,7 +682,7 @@ def _typed_casts(path: Path) -> None:
     output) and leaves the Cast of their int32 result untyped: float, the type DefaultTensorType gives them in a
     graph's top level."""
     model = onnx.load(str(path))
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for node in graph.node:
             for attribute in node.attribute:
                 if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.UNDEFINED:
@@ -672,17 +690,9 @@ def _typed_casts(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def _graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:
-    """``graph`` and the graphs nested in its nodes (a Loop's body), depth first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-
-
-def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> dict:
-    """What the runtime needs besides the graphs: ids, sizes, limits and the decoding's options."""
+def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool, quantization: str = "per-row") -> dict:
+    """What the runtime needs besides the graphs: ids, sizes, limits, the precision (int8: with its
+    ``quantization``) and the decoding's options."""
     return {
         "format_version": FORMAT_VERSION,
         "model": {
@@ -693,6 +703,7 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool) -> 
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
             "precision": "int8" if int8 else "fp32",
+            **({"quantization": quantization} if int8 else {}),
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }
@@ -719,12 +730,12 @@ def load_scorer(path: Path, task) -> nn.Module:
 
 def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
            preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
-           shortlist: Optional[Path] = None, step: bool = False) -> Path:
+           shortlist: Optional[Path] = None, step: bool = False, quantization: str = "per-row") -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
     ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
     checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
     ``python -m fairseq_insertion.shortlist``), if given; ``step``: also the step and loop graphs (:func:`step_graph`,
-    :func:`loop_graph`)."""
+    :func:`loop_graph`); ``quantization``: how ``int8`` quantizes (:func:`quantize`)."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
@@ -737,20 +748,23 @@ def export(path: Path, data: Path, out: Path, int8: bool = False, config: Option
         except ValueError as exc:
             raise ExportError(f"--shortlist: {exc}") from None
     return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
-                        teacher, table, step)
+                        teacher, table, step, quantization)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
-                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False
-                 ) -> Path:
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False,
+                 quantization: str = "per-row") -> Path:
     """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
     raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
     transformer of the same dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the
     lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list);
     ``step``: also the step and loop graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`;
-    ``loop.onnx``, :func:`loop_graph`)."""
+    ``loop.onnx``, :func:`loop_graph`); ``quantization``: how ``int8`` quantizes, ``per-row`` or ``dynamic``
+    (:func:`quantize`)."""
     config = config or DecodingConfig()
+    if int8 and quantization not in QUANTIZATIONS:
+        raise ExportError(f"--int8 {quantization}: expected one of {list(QUANTIZATIONS)}")
     if config.unkpen:
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
                           "unkpen 0")
@@ -776,11 +790,11 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
             onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
     if int8:
         quantize(out, (ENCODER, PASS, *((SCORER,) if scorer is not None else ()),
-                       *((STEP, LOOP_GRAPH) if step else ())))
+                       *((STEP, LOOP_GRAPH) if step else ())), quantization)
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
     (out / BPE_CODES).unlink(missing_ok=True)
-    values, names = settings(model, src_dict, tgt_dict, config, int8), CHECKED
+    values, names = settings(model, src_dict, tgt_dict, config, int8, quantization), CHECKED
     if scorer is not None:
         values["scorer"], names = SCORER, (*names, SCORER)
     (out / SHORTLIST).unlink(missing_ok=True)
@@ -807,7 +821,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", type=Path, required=True, help="an insertion_transformer checkpoint")
     p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
-    p.add_argument("--int8", action="store_true", help="int8 weights (onnxruntime dynamic quantization)")
+    p.add_argument("--int8", nargs="?", const="per-row", default=None, choices=QUANTIZATIONS,
+                   help="int8 products: per-row activation scales (the default: a sentence's translation does not "
+                   "depend on its batch) or onnxruntime's dynamic quantization (faster at batch 1; its outputs "
+                   "move with the batch)")
     p.add_argument("--rerank-with", type=Path, default=None, metavar="CHECKPOINT",
                    help="an autoregressive fairseq transformer of the same dictionaries (e.g. the distillation "
                    "teacher), exported as scorer.onnx: it chooses among the --eos-penalties candidates")
@@ -831,8 +848,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
-        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
-                     args.shortlist, args.step_graph)
+        out = export(args.path, args.data, args.out, args.int8 is not None, config, preprocessing, args.rerank_with,
+                     args.shortlist, args.step_graph, args.int8 or "per-row")
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2

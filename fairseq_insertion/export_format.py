@@ -38,6 +38,9 @@ VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 PRECISIONS = ("fp32", "int8")
+# how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
+# size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)
+QUANTIZATIONS = ("per-row", "dynamic")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
               tuple: "a list of numbers"}
@@ -280,7 +283,8 @@ class Where:
 
 
 def check_model(settings: Mapping[str, Any], path: Path, source_size: int, target_size: int) -> Dict[str, Any]:
-    """``model``'s keys: ids within their vocabulary, positive sizes, the known termination and precision."""
+    """``model``'s keys: ids within their vocabulary, positive sizes, the known termination and precision, and an
+    int8 export's quantization (``dynamic`` where it does not say: exported before the per-row scheme)."""
     where = Where(path)
     model = where.section(settings, "model")
     checked = {key: where.integer(model, key, "model.", below=target_size) for key in SPECIAL_IDS}
@@ -290,6 +294,9 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
         checked[key] = where.integer(model, key, "model.", minimum=1)
     checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
     checked["precision"] = where.choice(model, "precision", PRECISIONS, "model.")
+    if checked["precision"] == "int8":
+        checked["quantization"] = where.choice(model, "quantization", QUANTIZATIONS, "model.") \
+            if "quantization" in model else "dynamic"
     return checked
 
 

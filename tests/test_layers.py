@@ -1,7 +1,8 @@
 """The package's modules import one another one way only, down this order:
 config (decoding options, standard library only) <- loop (the decoding loop of both backends,
 numpy only) <- slots (the slot rule: its torch and graph applications, numpy only) <- graph_ops (the loop's
-functions emitted as ONNX nodes: numpy and onnx only) <- preprocess
+functions emitted as ONNX nodes: numpy and onnx only) <- quantization (int8 graphs with per-row scales: numpy and
+onnx only) <- preprocess
 (raw text, standard library until a line is prepared) <- export_format (the exported files, standard library)
 <- runtime (the deployment subpackage) <- decoding (torch's arrays for the loop) <- canvas (training),
 precision, fairseq_fixes, constraints, shortlist (the lexical shortlist table from a data-bin) <- weights (the
@@ -19,8 +20,8 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["config", "loop", "slots", "graph_ops", "preprocess", "export_format", "runtime", "decoding", "canvas",
-          "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "weights", "fast_decoder",
+LAYERS = ["config", "loop", "slots", "graph_ops", "quantization", "preprocess", "export_format", "runtime", "decoding",
+          "canvas", "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "weights", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]
 SUBPACKAGES = {"runtime"}  # imported by its name from the modules above it

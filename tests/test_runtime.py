@@ -104,19 +104,25 @@ def test_int8_export_decodes_every_line(trained, tmp_path):
     assert all(set(tok for tok in r.hypotheses[0]) <= set(translator.target_symbols) for r in results)
 
 
-def test_fp32_sessions_run_residual_and_layer_norm_apart_int8_fused(trained, tmp_path):
-    """An fp32 export's sessions leave out onnxruntime's SkipLayerNormalization fusion (slower in these graphs);
-    an int8 export keeps it (its rounding moves with it). Read from the kernels onnxruntime's profiler saw."""
+def test_fp32_and_per_row_sessions_run_residual_and_layer_norm_apart_dynamic_int8_fused(trained, tmp_path):
+    """An fp32 export's sessions leave out onnxruntime's SkipLayerNormalization fusion (slower in these graphs), as
+    do a per-row int8 export's; an int8 export of onnxruntime's dynamic quantization keeps it (its rounding moves
+    with it). Read from the kernels onnxruntime's profiler saw."""
     _, model, task, fp32 = trained
-    int8 = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "int8", int8=True)
+    exports = {"fp32": fp32}
+    for scheme in ("per-row", "dynamic"):
+        exports[scheme] = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / scheme,
+                                       int8=True, quantization=scheme)
     ops = {}
-    for name, out in (("fp32", fp32), ("int8", int8)):
-        translator = Translator(out, intra_threads=1, profile=str(tmp_path / name))
+    for name, out in exports.items():
+        translator = Translator(out, intra_threads=1, profile=str(tmp_path / f"{name}-profile"))
         translator.translate_batch([["w1", "w2", "w3"], ["w5"] * 3])
         trace = json.loads(Path(translator.end_profiling()["pass"]).read_text())
         ops[name] = {e["args"]["op_name"] for e in trace if e.get("cat") == "Node" and "op_name" in e.get("args", {})}
-    assert "LayerNormalization" in ops["fp32"] and "SkipLayerNormalization" not in ops["fp32"], ops["fp32"]
-    assert "SkipLayerNormalization" in ops["int8"], ops["int8"]
+    for name in ("fp32", "per-row"):
+        assert "LayerNormalization" in ops[name] and "SkipLayerNormalization" not in ops[name], ops[name]
+    assert "MatMulIntegerToFloat" in ops["per-row"] and "DynamicQuantizeMatMul" not in ops["per-row"], ops["per-row"]
+    assert "SkipLayerNormalization" in ops["dynamic"] and "DynamicQuantizeMatMul" in ops["dynamic"], ops["dynamic"]
 
 
 def test_options_default_to_the_export_and_are_checked(trained):

@@ -200,7 +200,7 @@ class Translator:
         # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
-        unfused = UNFUSED if m["precision"] == "fp32" else ()
+        unfused = UNFUSED if m["precision"] == "fp32" or m.get("quantization") == "per-row" else ()
         self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
         self._pass = _session(ort, self.model_dir / F.PASS, so, providers, unfused)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
@@ -549,7 +549,8 @@ def _providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> 
 UNFUSED = ("SkipLayerNormFusion",)
 """onnxruntime's graph optimizations left out of an fp32 export's sessions: its fused SkipLayerNormalization (a
 residual Add with the LayerNormalization after it) runs slower in these graphs than the two nodes apart, with the
-same outputs. An int8 export keeps it: its rounding moves with the fusion (``docs/deploy.md``)."""
+same outputs; so does a per-row int8 export's. An int8 export of onnxruntime's dynamic quantization keeps it: its
+rounding moves with the fusion (``docs/deploy.md``)."""
 
 
 def _session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:

@@ -1,0 +1,167 @@
+"""int8 graphs whose translations do not depend on their batch: per-row activation scales.
+
+:func:`per_row` rewrites an exported fp32 graph (``encoder.onnx``, ``pass.onnx``, ``scorer.onnx``, the step and
+loop graphs, a ``Loop``'s body included) so that every product by a weight matrix runs in int8:
+
+* the weight: int8 in 7 bits (:data:`WEIGHT_LEVELS`), one scale per output column (symmetric: max |w| / 63);
+* the activation x (..., K): uint8, one scale per row (each position of each sentence) computed from that row
+  alone, so no other sentence of the batch moves its rounding: x / max |x| in 127 levels around the zero point
+  128, or x / max x in 255 levels from 0 where x is a ReLU's output (quantized from the ReLU's input: the
+  negatives saturate to 0, and the ReLU goes);
+* each activation quantized once (``Abs``, ``ReduceMax``, ``Clip``, ``Div``, ``QuantizeLinear``), shared by every
+  product that reads it (the self-attention's q, k and v);
+* the product: onnxruntime's ``MatMulIntegerToFloat`` (u8 x s8, int32 sums: exact at any batch size), the
+  columns' scales applied in its output step and the rows' after it; the bias stays an fp32 ``Add`` (onnxruntime
+  folds it into the residual's ``SkipLayerNormalization`` when the session fuses it);
+* the fused self-attention (``Attention``): its q, k and v products as above, then ``MultiHeadAttention`` (fp32)
+  with the bias, the key mask and the causal flag the ``Attention`` had.
+
+The one-column location query stays fp32 (quantizing its input would cost more than the product), as do the
+products by a graph input (the shortlist's rows). onnxruntime's own dynamic quantization (``--int8 dynamic``)
+quantizes each product's activations with one range over the whole batch instead. Only numpy and onnx.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MS = "com.microsoft"
+# weights in 7 bits (-63..63): u8 x s8 products on CPUs without VNNI add pairs in int16 (AVX2's vpmaddubsw), which
+# saturates from 255 x 64 x 2 on; with 63 no pair can, so the int32 sums are exact on every x86 CPU
+WEIGHT_LEVELS = 63
+
+
+class _Rewriter:
+    """Rewrites one graph's nodes in order; each new value gets a fresh name with the prefix ``q8_``."""
+
+    def __init__(self, graph: "onnx.GraphProto"):
+        self.graph = graph
+        self.weights = {w.name: w for w in graph.initializer}
+        self.producers = {out: node for node in graph.node for out in node.output}
+        self.nodes: List["onnx.NodeProto"] = []
+        self.quantized: Dict[str, Tuple[str, str, str, float]] = {}  # activation -> rows() of it
+        self.count = 0
+
+    def fresh(self, hint: str) -> str:
+        self.count += 1
+        return f"q8_{hint}_{self.count}"
+
+    def const(self, value: np.ndarray, hint: str) -> str:
+        name = self.fresh(hint)
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, domain: str = "", **attrs) -> str:
+        out = self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, domain=domain, **attrs))
+        return out
+
+    def matrix(self, name: str) -> "np.ndarray | None":
+        """The weight matrix (K, N) a product reads as its second input, or None (a graph input, a vector)."""
+        w = self.weights.get(name)
+        if w is None or len(w.dims) != 2 or min(w.dims) < 2 or w.data_type != TensorProto.FLOAT:
+            return None
+        return numpy_helper.to_array(w)
+
+    def rows(self, x: str) -> Tuple[str, str, str, float]:
+        """x (..., K) float -> its uint8 rows, their scales up to a constant (max |x| of each row, (..., 1)), the
+        zero point and the constant (1 / the levels), once per activation: five nodes."""
+        if x not in self.quantized:
+            producer = self.producers.get(x)
+            relu = producer is not None and producer.op_type == "Relu"
+            # a ReLU's output quantized from its input: the row's max, the negatives saturated to 0
+            source = producer.input[0] if relu else x
+            levels, zero = (255.0, 0) if relu else (127.0, 128)
+            amax = self.op("Clip", self.op("ReduceMax", source if relu else self.op("Abs", x), axes=[-1], keepdims=1),
+                           self.const(np.asarray(1e-30, np.float32), "tiny"))  # (..., 1), never 0
+            point = self.const(np.asarray(zero, np.uint8), "zero_point")
+            q = self.op("QuantizeLinear", self.op("Div", source, amax),
+                        self.const(np.asarray(1.0 / levels, np.float32), "step"), point)  # (..., K): x / amax in levels
+            self.quantized[x] = (q, amax, point, 1.0 / levels)
+        return self.quantized[x]
+
+    def product(self, x: str, w: np.ndarray, out: str) -> None:
+        """out = x w (x (..., K) float, w (K, N)) in int8, written to the value ``out``."""
+        w_scale = np.maximum(np.abs(w).max(axis=0), 1e-30) / WEIGHT_LEVELS  # (N,)
+        w_q = np.clip(np.rint(w / w_scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)  # (K, N)
+        q, amax, zero, step = self.rows(x)
+        self.nodes.append(helper.make_node(  # sum_k q w_q x (amax of the row) x (the column's scale x step)
+            "MatMulIntegerToFloat", [q, self.const(w_q, "weight_int8"), amax,
+                                     self.const((w_scale * step).astype(np.float32), "weight_scale"), zero],
+            [out], name=self.fresh("matmulintegertofloat"), domain=MS))
+
+    def attention(self, node: "onnx.NodeProto", w: np.ndarray) -> None:
+        """A fused self-attention: its q/k/v product in int8, then the attention (fp32) on the three."""
+        C = w.shape[1] // 3
+        split = [self.fresh(name) for name in ("q", "k", "v")]
+        for i, name in enumerate(split):  # three products of one quantized input: no copy of their outputs
+            self.product(node.input[0], w[:, i * C:(i + 1) * C], name)  # (A, T, C)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = [*split, node.input[2] if len(node.input) > 2 else "", node.input[3] if len(node.input) > 3 else ""]
+        self.nodes.append(helper.make_node("MultiHeadAttention", inputs, list(node.output[:1]), name=node.name,
+                                           domain=MS, num_heads=attrs["num_heads"],
+                                           unidirectional=attrs.get("unidirectional", 0)))
+
+    def run(self) -> int:
+        """Rewrite the graph's products in place; the number rewritten."""
+        rewritten = 0
+        for node in self.graph.node:
+            w = self.matrix(node.input[1]) if len(node.input) > 1 else None
+            if w is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+                self.product(node.input[0], w, node.output[0])
+            elif w is not None and node.op_type == "Attention" and node.domain == MS and len(node.output) == 1 \
+                    and {a.name for a in node.attribute} <= {"num_heads", "unidirectional"}:
+                self.attention(node, w)
+            else:
+                self.nodes.append(node)
+                continue
+            rewritten += 1
+        nodes = _live(self.nodes, {out.name for out in self.graph.output})
+        used = {name for node in nodes for name in node.input} | _subgraph_reads(nodes)
+        kept = [w for w in self.graph.initializer if w.name in used]
+        del self.graph.node[:], self.graph.initializer[:]
+        self.graph.node.extend(nodes)
+        self.graph.initializer.extend(kept)
+        return rewritten
+
+
+def _live(nodes: List["onnx.NodeProto"], outputs: set) -> List["onnx.NodeProto"]:
+    """``nodes`` less those whose outputs nothing reads (a ReLU whose product now reads its input), in order."""
+    read = set(outputs) | _subgraph_reads(nodes)
+    live = []
+    for node in reversed(nodes):
+        if any(out in read for out in node.output):
+            live.append(node)
+            read.update(node.input)
+    return live[::-1]
+
+
+def _subgraph_reads(nodes) -> set:
+    """The names the graphs nested in ``nodes`` read (a Loop's body reads the outer graph's values by name)."""
+    names = set()
+    for node in nodes:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                for graph in graphs(attribute.g):
+                    names.update(name for inner in graph.node for name in inner.input)
+    return names
+
+
+def graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:
+    """``graph`` and the graphs nested in its nodes (a ``Loop``'s body, an ``If``'s branches), depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from graphs(attribute.g)
+
+
+def per_row(model: "onnx.ModelProto") -> int:
+    """Rewrite ``model``'s products by weight matrices (every graph in it, nested ones first) into int8 with
+    per-row activation scales, in place; the number of products rewritten."""
+    nested = list(graphs(model.graph))
+    return sum(_Rewriter(graph).run() for graph in reversed(nested))
