@@ -1,8 +1,8 @@
 """Deployment engines side by side on the harness: the teacher through CTranslate2 (fp32, int8) and
-fairseq's sequence generator, greedy; the insertion model through the plugin's runtime (fp32, int8) and
-PyTorch generator, parallel (and greedy, for parity). Each engine at its best thread count (the fewest
-seconds) against the others; identical hypotheses of the runtime and PyTorch, of CTranslate2 and fairseq,
-and of each engine at its smallest and largest batch. Writes OUT/engines.json, .md and OUT/hyps/.
+fairseq's sequence generator, greedy; the insertion model through the plugin's runtime (fp32, int8 per-row
+and int8 dynamic) and PyTorch generator, parallel (and greedy, for parity). Each engine at its best thread
+count (the fewest seconds) against the others; identical hypotheses of the runtime and PyTorch, of CTranslate2
+and fairseq, and of each engine at its smallest and largest batch. Writes OUT/engines.json, .md and OUT/hyps/.
 
     python -m benchmarks.engines --teacher KIT/checkpoint.pt --data-bin KIT/data-bin --insertion INS/checkpoint.pt \\
         --ref DATA/raw/test.tgt --out OUT [--eos-penalty 3] [--threads 1 2] [--batches 1 8 128] [--rounds 3] \
@@ -38,6 +38,8 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
              S("teacher_fairseq_fp32", teacher, "fairseq", {"beam": 1}),
              *(S(f"insertion_runtime_{p}", insertion, "runtime", {"decoding": "parallel", "precision": p, **rules})
                for p in both),
+             S("insertion_runtime_int8_dynamic", insertion, "runtime", {"decoding": "parallel", "precision": "int8",
+                                                                       "quantization": "dynamic", **rules}),
              S("insertion_pytorch_fp32", insertion, "fairseq", {"decoding": "parallel", **rules}),
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
@@ -75,9 +77,15 @@ PARITY = [Pair("runtime fp32 = PyTorch, parallel", "insertion_runtime_fp32", "in
           Pair("the shortlist = none, runtime int8", "insertion_runtime_int8_shortlist", "insertion_runtime_int8",
                0.95, 0.1)]
 INT8 = [Pair("runtime int8 - fp32 BLEU, parallel", "insertion_runtime_int8", "insertion_runtime_fp32", 0.3),
+        Pair("runtime int8 dynamic - fp32 BLEU, parallel", "insertion_runtime_int8_dynamic", "insertion_runtime_fp32",
+             0.3),
         Pair("CTranslate2 int8 - fp32 BLEU (teacher)", "teacher_ctranslate2_int8", "teacher_ctranslate2_fp32")]
 SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "teacher_ctranslate2_fp32", 1.0),
          Pair("runtime / CTranslate2 seconds, int8", "insertion_runtime_int8", "teacher_ctranslate2_int8", 1.0),
+         Pair("runtime int8 dynamic / CTranslate2 seconds", "insertion_runtime_int8_dynamic",
+              "teacher_ctranslate2_int8", 1.0),
+         Pair("runtime int8 per-row / dynamic seconds", "insertion_runtime_int8", "insertion_runtime_int8_dynamic",
+              1.05),
          Pair("runtime with the shortlist / CTranslate2 seconds, fp32", "insertion_runtime_fp32_shortlist",
               "teacher_ctranslate2_fp32", 1.0),
          Pair("runtime with the shortlist / CTranslate2 seconds, int8", "insertion_runtime_int8_shortlist",
