@@ -148,7 +148,9 @@ def measure(args: argparse.Namespace, where: H.Where, inputs: H.Inputs, results:
                 results["rows"].append({
                     "name": name, "engine_key": key, "model": model, "threads": threads, "batch": batch,
                     "engine": "pytorch" if model == "insertion" and s.engine == "fairseq" else s.engine,
-                    "precision": s.options.get("precision", "fp32"), "decoding": decoding(s.options),
+                    "precision": " ".join(filter(None, (s.options.get("precision", "fp32"),
+                                                        s.options.get("quantization")))),
+                    "decoding": decoding(s.options),
                     **H.scored(timed, inputs.references, args.lang),
                     **({"profile": H.profiled(engines[key], inputs, batch)} if args.profile else {})})
     if args.raw_source and "insertion_runtime_fp32" in engines:
