@@ -113,8 +113,9 @@ class _Rewriter:
             w = self.matrix(node.input[1]) if len(node.input) > 1 else None
             if w is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
                 self.product(node.input[0], w, node.output[0])
-            elif w is not None and node.op_type == "Attention" and node.domain == MS and len(node.output) == 1 \
-                    and {a.name for a in node.attribute} <= {"num_heads", "unidirectional"}:
+            elif w is not None and node.op_type == "Attention" and node.domain == MS and len(node.input) <= 4 \
+                    and len(node.output) == 1 and {a.name for a in node.attribute} <= {"num_heads", "unidirectional"}:
+                # (input, weights, bias, mask) as the export writes it; one with a past or a bias stays as it is
                 self.attention(node, w)
             else:
                 self.nodes.append(node)
