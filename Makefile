@@ -26,7 +26,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -q --durations=10 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/multi30k/demo.sh "$(DATA)"

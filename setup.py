@@ -17,7 +17,7 @@ setup(
         "sacrebleu",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist>=3.5", "filelock", "hypothesis", "ruff==0.17.6"],
         "plot": ["matplotlib"],
         # python -m fairseq_insertion.export and fairseq_insertion.runtime (docs/deploy.md)
         "deploy": ["onnx>=1.14", "onnxruntime>=1.16"],

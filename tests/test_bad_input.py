@@ -17,6 +17,7 @@ from tests.utils import (
     preprocess,
     run,
     train_args,
+    train_once,
     write_reverse_corpus,
 )
 
@@ -31,7 +32,8 @@ def trained(tmp_path_factory):
     for side, lines in (("src", TEST), ("tgt", [" ".join(reversed(x.split())) for x in TEST])):
         (root / "raw" / f"test.{side}").write_text("\n".join(lines) + "\n")
     preprocess(root / "raw", root / "bin")
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"), root / "bin",
+               root / "ckpt")
     return root
 
 

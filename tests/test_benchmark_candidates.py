@@ -11,13 +11,14 @@ from sacrebleu.metrics import BLEU
 
 from benchmarks import candidates as C
 from tests.test_warm_start import train_teacher
-from tests.utils import REPO, reverse_data, run, train_args
+from tests.utils import REPO, reverse_data, train_args, train_once
 
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     root = reverse_data(tmp_path_factory, "bench_candidates", 300, 10, 10)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"), root / "bin",
+               root / "ckpt")
     teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
     out = root / "collected"
     for split in ("valid", "test"):

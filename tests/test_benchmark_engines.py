@@ -14,7 +14,7 @@ import pytest
 from benchmarks import engines as E
 from benchmarks import harness as H
 from tests.test_warm_start import train_teacher
-from tests.utils import REPO, reverse_data, run, train_args
+from tests.utils import REPO, reverse_data, train_args, train_once
 
 SENTENCES, THREADS, BATCHES = 5, (1, 2), (1, 4)
 NUMBERS = ("seconds", "sentences_per_s", "passes", "passes_per_sentence", "ms_per_pass", "bleu", "mean_length")
@@ -25,7 +25,8 @@ def kit(tmp_path_factory):
     """(root, teacher, insertion checkpoint) on a reverse corpus: a 3-update teacher, a 20-update insertion model."""
     root = reverse_data(tmp_path_factory, "engines", 200, 8, 8)
     teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
-    run(train_args(root / "bin", root / "insertion", "--max-update", "20", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "insertion", "--max-update", "20", "--no-epoch-checkpoints"),
+               root / "bin", root / "insertion")
     return root, teacher, root / "insertion" / "checkpoint_last.pt"
 
 

@@ -13,7 +13,7 @@ from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.rerank import AutoregressiveScorer
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 from tests.test_warm_start import train_teacher
-from tests.utils import build_task, generate_args, parse_generate, reverse_data, run, train_args
+from tests.utils import build_task, generate_args, parse_generate, reverse_data, run, train_args, train_once
 
 BETAS = (0.0, 1.0, 2.0, 3.0)
 
@@ -67,7 +67,8 @@ def load_scorer(teacher, task) -> AutoregressiveScorer:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = reverse_data(tmp_path_factory, "candidates", 300, 8, 12)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"), root / "bin",
+               root / "ckpt")
     teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
     return root, teacher
 

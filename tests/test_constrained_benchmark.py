@@ -14,7 +14,7 @@ from examples.multi30k.constraints import draw
 from examples.multi30k.prepare import prepare
 from tests.test_repo_hygiene import machine_paths
 from tests.test_warm_start import train_teacher
-from tests.utils import REPO, run, train_args
+from tests.utils import REPO, train_args, train_once
 
 EN = ["apple", "banana", "cherry", "dog", "elephant", "forest", "garden", "house", "island", "jungle", "kitchen",
       "lemon", "mountain", "notebook", "orange", "pencil"]
@@ -41,7 +41,8 @@ def kit(tmp_path_factory):
     _raw(root / "raw")
     prepare(root / "data", root / "raw", "en", "de", bpe_merges=40, workers=1)
     teacher = train_teacher(root / "data" / "data-bin", root / "teacher", "--share-all-embeddings")
-    run(train_args(root / "data" / "data-bin", root / "ins", "--max-update", "3", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "data" / "data-bin", root / "ins", "--max-update", "3", "--no-epoch-checkpoints"),
+               root / "data" / "data-bin", root / "ins")
     return root, teacher
 
 

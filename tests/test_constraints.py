@@ -27,6 +27,7 @@ from tests.utils import (
     reverse_data,
     run,
     train_args,
+    train_once,
 )
 
 GAP = 1  # the gap marker inside an encoded constraint: the dictionary's pad index
@@ -164,7 +165,8 @@ def test_empty_source_with_constraints_is_decoded_from_them():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = reverse_data(tmp_path_factory, "constraints", 100, 4, 6)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"), root / "bin",
+               root / "ckpt")
     return root
 
 

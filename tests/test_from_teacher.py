@@ -17,6 +17,8 @@ from fairseq_insertion.canvas import log2_bound
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, reverse_data
 
+pytestmark = pytest.mark.heavy  # the warm-start recipe end to end: minutes
+
 # the teacher's size differs from every default: the recipe must read it from the checkpoint
 SIZE = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-ffn-embed-dim", "128",
         "--decoder-ffn-embed-dim", "128"]

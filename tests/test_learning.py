@@ -16,8 +16,11 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_tiny_model_learns_to_reverse(tmp_path, variant):
+# each variant is minutes of training: its own work unit, so that the two run on both workers
+@pytest.mark.heavy
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.xdist_group(f"learning-{v}"))
+                                     for v in sorted(VARIANTS)])
+def test_tiny_model_learns_to_reverse(tmp_path, variant, record_property):
     write_reverse_corpus(tmp_path / "raw", sizes=(("train", 20000), ("valid", 64), ("test", 200)))
     preprocess(tmp_path / "raw", tmp_path / "bin")
     run(train_args(tmp_path / "bin", tmp_path / "ckpt", "--order", "binary_tree", "--tau", "1.0",
@@ -33,6 +36,8 @@ def test_tiny_model_learns_to_reverse(tmp_path, variant):
     exact = sum(hyps[i][1] == refs[i][0] for i in refs) / len(refs)
     mean_iters = statistics.mean(int(steps[i][0]) for i in hyps)
     mean_bound = statistics.mean(log2_bound(len(hyps[i][1].split())) for i in hyps)
-    print(f"exact match {exact:.3f}, mean iterations {mean_iters:.2f}, mean floor(log2 n)+1 {mean_bound:.2f}")
+    record_property("exact_match", f"{exact:.3f}")
+    record_property("mean_iterations", f"{mean_iters:.2f}")
+    record_property("mean_log2_bound", f"{mean_bound:.2f}")
     assert exact >= 0.9, f"exact match {exact:.3f}"
     assert mean_iters <= mean_bound + 1.0, (mean_iters, mean_bound)

@@ -21,7 +21,7 @@ from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.rerank import AutoregressiveScorer
 from fairseq_insertion.runtime import Translator, TranslatorError
 from tests.test_warm_start import train_teacher
-from tests.utils import reverse_data, run, train_args
+from tests.utils import reverse_data, train_args, train_once
 
 BETAS = (1.0, 2.0, 3.0, 4.0)
 BRANCHES = {"one": {}, "three": {"first_insertions": 3}}
@@ -32,7 +32,8 @@ def setup(tmp_path_factory):
     """A tiny insertion model (20 updates), a tiny teacher of the same dictionaries, and exports with and
     without the teacher as scorer (fp32) and with it (int8)."""
     root = reverse_data(tmp_path_factory, "runtime_candidates", 300, 8, 12)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "20", "--no-epoch-checkpoints"), root / "bin",
+               root / "ckpt")
     teacher = train_teacher(root / "bin", root / "teacher", "--share-all-embeddings")
     ckpt = root / "ckpt" / "checkpoint_last.pt"
     config = DecodingConfig(eos_penalties=BETAS, rerank_weight=0.5)

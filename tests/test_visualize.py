@@ -20,7 +20,7 @@ from fairseq_insertion.visualize import (
     text_rows,
     to_svg,
 )
-from tests.utils import REPO, generate_args, reverse_data, run, train_args
+from tests.utils import REPO, generate_args, reverse_data, run, train_args, train_once
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -83,8 +83,8 @@ def outputs(tmp_path_factory):
     """fairseq-generate outputs with --print-step --retain-iter-history: parallel (two candidates
     each, --nbest 2), greedy, and parallel with a constraints file."""
     root = reverse_data(tmp_path_factory, "visualize", 100, 4, 6)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints",
-                   "--disable-validation"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints",
+                          "--disable-validation"), root / "bin", root / "ckpt")
     refs = (root / "raw" / "test.tgt").read_text().splitlines()
     lines = [" ".join(refs[0].split()[1:3]),
              "\t".join(refs[1].split()[i] for i in (3, 0)),

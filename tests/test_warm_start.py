@@ -16,6 +16,7 @@ from tests.utils import (
     reverse_data,
     run,
     train_args,
+    train_once,
     write_reverse_corpus,
 )
 
@@ -26,9 +27,10 @@ NEW = ["decoder.slot_proj.weight", "decoder.slot_proj.bias", "decoder.head.locat
 
 
 def train_teacher(data, save_dir, *extra):
-    run(["fairseq-train", data, "--task", "translation", "--arch", "transformer", *TINY, "--criterion",
-         "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2000",
-         "--max-update", "3", "--save-dir", save_dir, "--no-epoch-checkpoints", "--cpu", "--seed", "1", *extra])
+    train_once(["fairseq-train", data, "--task", "translation", "--arch", "transformer", *TINY, "--criterion",
+                "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2000",
+                "--max-update", "3", "--save-dir", save_dir, "--no-epoch-checkpoints", "--cpu", "--seed", "1", *extra],
+               data, save_dir)
     return save_dir / "checkpoint_last.pt"
 
 

@@ -31,6 +31,7 @@ from tests.utils import (
     random_source_batch,
     run,
     train_args,
+    train_once,
 )
 
 GAP = 1  # a template gap inside an encoded constraint: the dictionary's pad index
@@ -175,7 +176,8 @@ def corpora(tmp_path_factory):
         root = tmp_path_factory.mktemp(scheme)
         _corpus(root / "raw", vocab)
         preprocess(root / "raw", root / "bin")
-        run(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"))
+        train_once(train_args(root / "bin", root / "ckpt", "--max-update", "3", "--no-epoch-checkpoints"), root / "bin",
+                   root / "ckpt")
         out[scheme] = root
     return out
 

@@ -1,15 +1,21 @@
 """Helpers for the CLI tests: synthetic corpora and running fairseq's CLIs."""
 
+import hashlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import List, Sequence
 
+from filelock import FileLock
+
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = str(REPO / "fairseq_insertion")
 BIN = Path(sys.executable).parent
+# a directory every process of one test run shares (tests/conftest.py sets it): trained models by configuration
+STORE_ENV = "FAIRSEQ_INSERTION_TEST_STORE"
 
 
 def write_reverse_corpus(directory: Path, sizes=(("train", 2000), ("valid", 64), ("test", 29)),
@@ -44,7 +50,8 @@ def trained_reverse_model(tmp_path_factory, name: str, test_lines: int, updates:
     from fairseq import checkpoint_utils
 
     root = reverse_data(tmp_path_factory, name, 800, 8, test_lines)
-    run(train_args(root / "bin", root / "ckpt", "--max-update", str(updates), "--no-epoch-checkpoints"))
+    train_once(train_args(root / "bin", root / "ckpt", "--max-update", str(updates), "--no-epoch-checkpoints"),
+               root / "bin", root / "ckpt")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(root / "ckpt" / "checkpoint_last.pt")], arg_overrides={"data": str(root / "bin")})
     task.load_dataset("test")
@@ -60,6 +67,38 @@ def run(cmd: Sequence[str], timeout: int = 600, check: bool = True, **kwargs) ->
         raise AssertionError(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def training_key(cmd: Sequence, data: Path, save_dir: Path) -> str:
+    """What determines a training's checkpoint: its command (data and save directories left out) and the
+    data-bin's dictionaries and binarised training split."""
+    h = hashlib.sha256()
+    for arg in map(str, cmd):
+        h.update(arg.replace(str(data), "DATA").replace(str(save_dir), "SAVE").encode() + b"\0")
+    for f in sorted(p for p in Path(data).iterdir() if p.name.startswith(("dict.", "train."))):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def train_once(cmd: Sequence, data: Path, save_dir: Path) -> Path:
+    """Run the training ``cmd`` (on the data-bin ``data``, saving to ``save_dir``) once per test run for its
+    configuration (``training_key``): a later call with the same configuration, in any worker, gets a copy of
+    the first one's ``save_dir``; the workers wait for each other on a file lock. Outside a run that sets
+    ``STORE_ENV`` it just trains. Returns ``save_dir``."""
+    store = os.environ.get(STORE_ENV)
+    if not store:
+        run(cmd)
+        return save_dir
+    done = Path(store) / training_key(cmd, data, save_dir)
+    with FileLock(f"{done}.lock"):
+        if done.is_dir():
+            shutil.copytree(done, save_dir, dirs_exist_ok=True)
+        else:
+            run(cmd)
+            partial = done.with_name(done.name + ".partial")
+            shutil.copytree(save_dir, partial)
+            partial.rename(done)
+    return save_dir
 
 
 def preprocess(raw: Path, dest: Path) -> None:
