@@ -451,26 +451,22 @@ def _step(g: Graph, xp: GraphOps, dec: nn.Module, config: DecodingConfig, termin
     d = dec.dictionary
     bos, eos, pad = d.bos(), d.eos(), d.pad()
     bounds = LOOP.Bounds.build(xp, config, termination, eos, pad)
-    canvas, lengths = state.tokens, state.lengths  # (A, K), (A,)
-    framed = LOOP.frame(xp, canvas, lengths, bos, eos, pad)  # (A, K + 2)
-    A, S = canvas.shape[0], canvas.shape[1] + 1
-    open_ = LOOP.open_slots(xp, state, S)  # (A, S)
-    if active is not None:
-        open_ = open_ & active[:, None]
-    open_slots = LOOP.flat_indices(xp, open_)  # (N,)
-    sequence = config.decoding == "greedy" and termination == "sequence"
-    inputs = LOOP.slot_inputs(xp, state, framed, open_, config, sequence, None, bos, eos, pad)
-    N = open_slots.shape[0]
-    blocked = xp.full((N, 1), pad, like=open_slots) if inputs.blocked is None else inputs.blocked  # (N, M)
-    _pass(g, dec, framed.name, open_slots.name, xp.full((N,), 0, like=open_slots).name, blocked.name,
-          inputs.eos_penalty[:, None].name, xp.full((N, 1), False, like=open_).name, xp.constant([1]).name)
-    tokens, log_probs, eos_log_probs = (GraphArray(xp, name, dtype, [N, 1]).reshape(-1) for name, dtype in (
-        ("tokens", np.int64), ("log_probs", np.float32), ("eos_log_probs", np.float32)))  # (N,) each
-    location = GraphArray(xp, "location", np.float32, [A, S])  # (A, S)
-    p = LOOP.slot_scores(xp, open_, tokens, log_probs, eos_log_probs, location, eos, sequence)
+
+    def score(framed: GraphArray, open_: GraphArray, inputs: LOOP.SlotInputs) -> Tuple[GraphArray, ...]:
+        open_slots = LOOP.flat_indices(xp, open_)  # (N,)
+        N = open_slots.shape[0]
+        blocked = xp.full((N, 1), pad, like=open_slots) if inputs.blocked is None else inputs.blocked  # (N, M)
+        _pass(g, dec, framed.name, open_slots.name, xp.full((N,), 0, like=open_slots).name, blocked.name,
+              inputs.eos_penalty[:, None].name, xp.full((N, 1), False, like=open_).name, xp.constant([1]).name)
+        tokens, log_probs, eos_log_probs = (GraphArray(xp, name, dtype, [N, 1]).reshape(-1) for name, dtype in (
+            ("tokens", np.int64), ("log_probs", np.float32), ("eos_log_probs", np.float32)))  # (N,) each
+        A, S = state.tokens.shape[0], state.tokens.shape[1] + 1
+        return tokens, log_probs, eos_log_probs, GraphArray(xp, "location", np.float32, [A, S])  # (A, S)
+
+    p = LOOP.predict(xp, state, bounds, config, None, bos, score, active)
     if active is not None:
         p = p._replace(final_eos=xp.where(active, p.final_eos, state.final_eos))
-    return LOOP.step(xp, state, p, bounds.rule(p, state.max_len - lengths), max_iter, bounds)
+    return LOOP.step(xp, state, p, bounds.rule(p, state.max_len - state.lengths), max_iter, bounds)
 
 
 def _check_step(config: DecodingConfig) -> None:
@@ -488,7 +484,7 @@ def _step_inputs(model: nn.Module, config: DecodingConfig, name: str, whole: boo
     dec, termination = model.decoder, model.termination
     g = Graph(name)
     xp = GraphOps(g)
-    close_ended = config.close_ended_slots and termination == "slot"
+    close_ended = LOOP.Bounds.build(xp, config, termination, dec.dictionary.eos(), dec.dictionary.pad()).close_ended
     state, max_iterations = _state_inputs(xp, dec, close_ended, whole)
     return g, xp, dec, termination, close_ended, state, max_iterations
 

@@ -72,8 +72,8 @@ class ModelBackend:
     edges: WordEdges
     xp: Any = TORCH
 
-    def predict(self, state: Canvases, cache: Any) -> SlotScores:
-        return self.generator._predict(self.model, state, cache, self.edges)
+    def predict(self, state: Canvases, cache: Any, bounds: L.Bounds) -> SlotScores:
+        return self.generator._predict(self.model, state, cache, self.edges, bounds)
 
     def reorder(self, cache: Any, rows: Tensor) -> Any:
         return self.model.reorder_decoding_cache(cache, rows)
@@ -263,23 +263,20 @@ class InsertionGenerator:
         # a pad token inside a constraint is a template gap (___)
         return constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
-    def _predict(self, model, state: Canvases, cache, edges: WordEdges) -> SlotScores:
-        """One forward pass: the best token and its log p(c | l) for every open slot (the slot rule,
-        :func:`fairseq_insertion.slots.choose`).
+    def _predict(self, model, state: Canvases, cache, edges: WordEdges, bounds: L.Bounds) -> SlotScores:
+        """One forward pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for
+        every open slot (the slot rule, :func:`fairseq_insertion.slots.choose`).
 
         Only the open slots are projected onto the vocabulary, and only the
         log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
         (greedy sequence finalization's best (slot, token) is the best slot's best token).
         """
-        framed = L.frame(TORCH, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
-        open_ = L.open_slots(TORCH, state, framed.size(1) - 1)  # (A, S)
-        content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
-        sequence = self.config.decoding == "greedy" and _termination(model) == "sequence"
-        inputs = L.slot_inputs(TORCH, state, framed, open_, self.config, sequence, edges.joins_next, self.bos,
-                               self.eos, self.pad)
-        tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs)  # (N, 1) each
-        return L.slot_scores(TORCH, open_, tokens[:, 0], log_probs[:, 0], eos_log_probs[:, 0], location, self.eos,
-                             sequence)
+        def score(framed: Tensor, open_: Tensor, inputs: L.SlotInputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+            content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
+            tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs)  # (N, 1) each
+            return tokens[:, 0], log_probs[:, 0], eos_log_probs[:, 0], location
+
+        return L.predict(TORCH, state, bounds, self.config, edges.joins_next, self.bos, score)
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""

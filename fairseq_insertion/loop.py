@@ -645,8 +645,9 @@ class Backend(Protocol):
 
     xp: Ops
 
-    def predict(self, state: Canvases, memory: Any) -> SlotScores:
-        """One pass: the best token and its log p(c | l) for every open slot of ``state``."""
+    def predict(self, state: Canvases, memory: Any, bounds: "Bounds") -> SlotScores:
+        """One pass: the best token and its log p(c | l) for every open slot of ``state`` (a model's backend:
+        :func:`predict` with its :data:`ScoreSlots`)."""
 
     def reorder(self, memory: Any, rows: Array) -> Any:
         """The per-sentence memory (the encoder's output) of the rows ``rows`` (N,), in order."""
@@ -660,13 +661,38 @@ class Bounds(NamedTuple):
     close_ended: bool  # a slot that chose end-of-slot stays closed (slot finalization)
     eos: int
     pad: int
+    sequence: bool = False  # greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas
 
     @classmethod
     def build(cls, xp: Ops, config: DecodingConfig, termination: str, eos: int, pad: int) -> "Bounds":
         """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the
-        iteration bound, and ``close_ended_slots`` (which only slot-finalization models use)."""
+        iteration bound, ``close_ended_slots`` (which only slot-finalization models use) and whether the
+        end-of-sequence decision is a canvas's best (slot, eos) (greedy decoding of a sequence-finalization
+        model)."""
         return cls(rule=step_rule(xp, config.decoding, termination, eos), max_iterations=config.max_iterations,
-                   close_ended=config.close_ended_slots and termination == "slot", eos=eos, pad=pad)
+                   close_ended=config.close_ended_slots and termination == "slot",
+                   sequence=config.decoding == "greedy" and termination == "sequence", eos=eos, pad=pad)
+
+
+ScoreSlots = Callable[[Array, Array, SlotInputs], Tuple[Array, Array, Array, Array]]
+"""A backend's model and slot rule over one pass's open slots: (``framed`` (A, S + 1), ``open_`` (A, S), their
+:class:`SlotInputs`) -> each open slot's best token, its log p(c | l) and log p(eos | l) (N,) each, row-major, and
+log p(l) (A, S)."""
+
+
+def predict(xp: Ops, state: Canvases, bounds: Bounds, config: DecodingConfig, joins_next: Optional[Array], bos: int,
+            score: ScoreSlots, active: Optional[Array] = None) -> SlotScores:
+    """One pass's :class:`SlotScores`, the sequence around the model that every backend runs: the framed canvases,
+    their open slots (``active`` (A,): only those rows'), the slots' inputs to the slot rule
+    (:func:`slot_inputs`: ``config``'s repetition rules and betas, ``joins_next`` (V,) for the word-edge rule),
+    the backend's ``score`` and :func:`slot_scores`."""
+    framed = frame(xp, state.tokens, state.lengths, bos, bounds.eos, bounds.pad)  # (A, K + 2)
+    open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
+    if active is not None:
+        open_ = open_ & active[:, None]
+    inputs = slot_inputs(xp, state, framed, open_, config, bounds.sequence, joins_next, bos, bounds.eos, bounds.pad)
+    tokens, log_probs, eos_log_probs, location = score(framed, open_, inputs)  # (N,) each, (A, S)
+    return slot_scores(xp, open_, tokens, log_probs, eos_log_probs, location, bounds.eos, bounds.sequence)
 
 
 class Pass(NamedTuple):
@@ -693,7 +719,7 @@ def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
 
 def predict_and_step(backend: Backend, bounds: Bounds, state: Canvases, memory: Any, max_iter: int) -> Pass:
     """One pass: the backend's prediction for the open slots, the step rule's insertions and :func:`step`."""
-    scores = backend.predict(state, memory)
+    scores = backend.predict(state, memory, bounds)
     choice = bounds.rule(scores, state.max_len - state.lengths)
     return step(backend.xp, state, scores, choice, max_iter, bounds)
 

@@ -26,7 +26,7 @@ class Oracle:
     def __init__(self, xp, wrap, targets: List[List[int]]):
         self.xp, self.wrap, self.targets = xp, wrap, targets
 
-    def predict(self, state: L.Canvases, memory) -> L.SlotScores:
+    def predict(self, state: L.Canvases, memory, bounds: L.Bounds) -> L.SlotScores:
         xp = self.xp
         S = state.tokens.shape[1] + 1
         open_ = L.open_slots(xp, state, S)
@@ -109,3 +109,31 @@ def test_the_torch_loop_makes_one_host_round_trip_a_pass(monkeypatch):
     monkeypatch.setattr(type(TORCH), "host", lambda self, *scalars: calls.append(len(scalars)) or host(*scalars))
     _, _, passes = decode("torch", random_targets(3), "parallel", [40] * 6)
     assert passes > 2 and len(calls) == passes + 1  # one a pass, and one before the first
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_predict_scores_the_open_slots_of_the_active_rows(backend):
+    """loop.predict hands the backend's scorer the framed canvases, the open slots (only the active rows') and
+    their slot-rule inputs, and builds the slot scores from what it returns."""
+    xp, wrap = BACKENDS[backend]
+    state = L.Canvases(rows=wrap(np.arange(2)), tokens=wrap(np.asarray([[5, 6], [7, PAD]], np.int64)),
+                       scores=wrap(np.zeros((2, 2), np.float32)), closed_before=None,
+                       closed_end=wrap(np.zeros(2, bool)), lengths=wrap(np.asarray([2, 1], np.int64)),
+                       iterations=wrap(np.zeros(2, np.int64)), final_eos=wrap(np.zeros(2, np.float32)),
+                       max_len=wrap(np.asarray([9, 9], np.int64)))
+    config = DecodingConfig(block_neighbour_copies=True)
+    bounds = L.Bounds.build(xp, config, "slot", EOS, PAD)
+    seen = {}
+
+    def score(framed, open_, inputs):
+        seen.update(framed=np.asarray(framed), open=np.asarray(open_), blocked=np.asarray(inputs.blocked))
+        n = int(np.asarray(open_).sum())
+        return (wrap(np.arange(10, 10 + n, dtype=np.int64)), wrap(np.full(n, -1.0, np.float32)),
+                wrap(np.full(n, -2.0, np.float32)), wrap(np.zeros((2, 3), np.float32)))
+
+    p = L.predict(xp, state, bounds, config, None, BOS, score, active=wrap(np.asarray([True, False])))
+    assert seen["framed"].tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
+    assert seen["open"].tolist() == [[True, True, True], [False, False, False]]
+    assert seen["blocked"][:, :2].tolist() == [[PAD, 5], [5, 6], [6, PAD]]  # each slot's neighbours, bos/eos not
+    assert np.asarray(p.tokens).tolist() == [[10, 11, 12], [EOS, EOS, EOS]]
+    assert np.asarray(p.log_probs).tolist() == [[-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]]

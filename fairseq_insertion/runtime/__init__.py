@@ -116,8 +116,8 @@ class Passes:
     src: np.ndarray
     xp: Any = L.NUMPY
 
-    def predict(self, state: Canvases, source: Source) -> SlotScores:
-        return self.translator._predict(state, source, self.opts)
+    def predict(self, state: Canvases, source: Source, bounds: L.Bounds) -> SlotScores:
+        return self.translator._predict(state, source, self.opts, bounds)
 
     def reorder(self, source: Source, rows: np.ndarray) -> Source:
         return source.take(rows)
@@ -483,21 +483,17 @@ class Translator:
                                                 "prev_tokens": prev})
         return log_probs[same.reshape(-1)]
 
-    def _predict(self, state: Canvases, source: Source, opts: DecodingConfig) -> SlotScores:
-        """One pass: the best token and its log p(c | l) for every open slot (the graph applies the slot rule,
-        :func:`fairseq_insertion.slots.choose_graph`)."""
-        framed = L.frame(L.NUMPY, state.tokens, state.lengths, self.bos, self.eos, self.pad)  # (A, K+2)
-        A, S = framed.shape[0], framed.shape[1] - 1
-        open_ = L.open_slots(L.NUMPY, state, S)  # (A, S)
-        open_slots = np.arange(A * S) if open_.all() else np.flatnonzero(open_)  # (N,) row-major, as torch's masks
-        sequence = opts.decoding == "greedy" and self.termination == "sequence"
-        inputs = L.slot_inputs(L.NUMPY, state, framed, open_, opts, sequence, self._joins_next, self.bos, self.eos,
-                               self.pad)
-        tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
-            "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
-            "k": _ONE})
-        tokens, log_probs, eos_log_probs = tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1)
-        return L.slot_scores(L.NUMPY, open_, tokens, log_probs, eos_log_probs, location, self.eos, sequence)
+    def _predict(self, state: Canvases, source: Source, opts: DecodingConfig, bounds: L.Bounds) -> SlotScores:
+        """One pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for every open
+        slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`)."""
+        def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
+            open_slots = L.flat_indices(L.NUMPY, open_)  # (N,) row-major, as torch's masks
+            tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
+                "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
+                "k": _ONE})  # (N, 1) x 3, (A, S)
+            return tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1), location
+
+        return L.predict(L.NUMPY, state, bounds, opts, self._joins_next, self.bos, score)
 
     def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
         """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.slots.choose_graph`)."""
