@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 PRECISIONS = ("fp32", "bf16", "int8")
 # how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
@@ -37,12 +38,83 @@ INSERTION = "insertion"  # an option fairseq's own generator (an autoregressive 
 TASK = "task"  # a flag of the insertion_translation task; the others are fairseq's own generation options
 
 
-def _option(default: Any, flag: str, *scopes: str, help: str = "", choices: Tuple[str, ...] = ()) -> Any:
-    """A field of :class:`DecodingConfig`: its default, its command-line flag (the hub and Python take the
-    field name), where it applies (:data:`RUNTIME`, :data:`INSERTION`, :data:`TASK`), and for the task's
-    flags their help and choices."""
+Check = Callable[[Any, str], Any]  # (the config, a field's name) -> its value normalised, or DecodingError
+
+
+def _option(default: Any, flag: str, *scopes: str, help: str = "", choices: Tuple[str, ...] = (),
+            check: Optional[Check] = None, arg: Optional[str] = None, read: Callable[[Any], Any] = lambda v: v
+            ) -> Any:
+    """A field of :class:`DecodingConfig`, all that it needs in one place: its default, its command-line flag
+    (the hub and Python take the field name), where it applies (:data:`RUNTIME`, :data:`INSERTION`,
+    :data:`TASK`), for the task's flags their help and choices, its ``check`` (run by ``__post_init__``; with
+    ``choices`` and no check: one of them), the name fairseq's parsed options give it (``arg``; default: the
+    field's) and how :meth:`DecodingConfig.from_options` reads a value given there (``read``)."""
+    if check is None and choices:
+        check = functools.partial(_choice, choices=choices)
     return dataclasses.field(default=default, metadata={"flag": flag, "scopes": scopes, "help": help,
-                                                        "choices": choices})
+                                                        "choices": choices, "check": check, "arg": arg,
+                                                        "read": read})
+
+
+def _name(field: str) -> str:
+    return f"{FLAGS[field]} ({field}=)"
+
+
+def _as_float(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _number(cfg: Any, field: str, minimum: Optional[float] = None) -> float:
+    value = getattr(cfg, field)
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(value, bool) or not math.isfinite(x) or (minimum is not None and x < minimum):
+        bound = f" >= {minimum:g}" if minimum is not None else ""
+        raise DecodingError(f"{_name(field)} must be a finite number{bound}, got {value!r}")
+    return x
+
+
+def _integer(cfg: Any, field: str, minimum: int) -> int:
+    value = getattr(cfg, field)
+    x = _as_float(value)
+    if isinstance(value, bool) or not isinstance(x, float) or not math.isfinite(x) or x != int(x) or x < minimum:
+        raise DecodingError(f"{_name(field)} must be an integer >= {minimum}, got {value!r}")
+    return int(x)
+
+
+def _flag(cfg: Any, field: str) -> bool:
+    value = getattr(cfg, field)
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+        raise DecodingError(f"{_name(field)} is true or false, got {value!r}")
+    return bool(value)
+
+
+def _choice(cfg: Any, field: str, choices: Tuple[str, ...]) -> str:
+    value = getattr(cfg, field)
+    if str(value) not in choices:
+        raise DecodingError(f"{_name(field)} must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def _betas(cfg: Any, field: str) -> Tuple[float, ...]:
+    value = getattr(cfg, field)
+    betas = parse_betas(value)
+    if not all(math.isfinite(b) for b in betas):
+        raise DecodingError(f"{_name(field)} must be finite numbers, got {value!r}")
+    return betas
+
+
+def _path(value: Any) -> Any:
+    """A path option as fairseq's parsed options hold it: unset (None or empty) is None."""
+    return value or None
+
+
+_at_least_0, _at_least_1 = functools.partial(_integer, minimum=0), functools.partial(_integer, minimum=1)
 
 
 class DecodingError(ValueError):
@@ -94,78 +166,67 @@ class DecodingConfig:
         help="parallel: insert into every slot whose argmax is not end-of-slot; greedy: one insertion per step "
         "(paper: Inference)")
     eos_penalty: float = _option(
-        0.0, "--eos-penalty", RUNTIME, INSERTION, TASK,
+        0.0, "--eos-penalty", RUNTIME, INSERTION, TASK, check=_number,
         help="beta, subtracted from the end-of-slot/sequence log-probability when decoding (choose it on valid: "
         "the best beta depends on the model)")
     eos_penalties: Tuple[float, ...] = _option(
-        (), "--eos-penalties", RUNTIME, INSERTION, TASK,
+        (), "--eos-penalties", RUNTIME, INSERTION, TASK, check=_betas, read=lambda v: parse_betas(v),
         help="comma-separated betas, e.g. 0,1,2,3,4: decode every sentence under each in one batch and output "
         "its candidates best first (--nbest k prints k), by the model's length-normalised score or "
         "--rerank-with's; replaces --eos-penalty")
     first_insertions: int = _option(
-        1, "--first-insertions", RUNTIME, INSERTION, TASK,
+        1, "--first-insertions", RUNTIME, INSERTION, TASK, check=_at_least_1,
         help="K > 1: also decode every sentence from each of its K best first insertions (the empty canvas's "
         "best tokens, end and unk excluded): K x the --eos-penalties candidates, in one batch, chosen among "
         "as --eos-penalties' (unconstrained decoding only)")
-    max_len_a: float = _option(LENGTH_DEFAULTS[0], "--max-len-a", RUNTIME)
-    max_len_b: int = _option(LENGTH_DEFAULTS[1], "--max-len-b", RUNTIME)
+    max_len_a: float = _option(LENGTH_DEFAULTS[0], "--max-len-a", RUNTIME,
+                               check=functools.partial(_number, minimum=0.0))
+    max_len_b: int = _option(LENGTH_DEFAULTS[1], "--max-len-b", RUNTIME, check=_at_least_0)
     max_iterations: int = _option(
-        0, "--max-iterations", RUNTIME, INSERTION, TASK,
+        0, "--max-iterations", RUNTIME, INSERTION, TASK, check=_at_least_0,
         help="stop a sentence after this many insertion iterations (0: its length limit, min(max_len_a * "
         "src_len + max_len_b, max target positions - 2); fairseq's defaults 0 and 200 become "
         f"{LENGTH_DEFAULTS[0]:g} x src_len + {LENGTH_DEFAULTS[1]})")
     block_neighbour_copies: bool = _option(
-        False, "--block-neighbour-copies", RUNTIME, INSERTION, TASK,
+        False, "--block-neighbour-copies", RUNTIME, INSERTION, TASK, check=_flag,
         help="a slot never inserts a copy of either neighbour token (parallel decoding of an undertrained model "
         "otherwise grows runs like 'vor vor vor ...'); fairseq's --no-repeat-ngram-size N adds an n-gram rule. "
         "Both off by default: some outputs legitimately repeat a token")
-    no_repeat_ngram_size: int = _option(0, "--no-repeat-ngram-size", RUNTIME)
+    no_repeat_ngram_size: int = _option(0, "--no-repeat-ngram-size", RUNTIME, check=_at_least_0)
     close_ended_slots: bool = _option(
-        False, "--close-ended-slots", RUNTIME, INSERTION, TASK,
+        False, "--close-ended-slots", RUNTIME, INSERTION, TASK, check=_flag,
         help="a slot whose best token is end-of-slot stays closed for the rest of the decode, so later passes "
         "score only the open slots (models trained with slot finalization; can change the output)")
-    constraint_order: str = _option("ordered", "--constraints")
-    lenpen: float = _option(1.0, "--lenpen", RUNTIME)
-    unkpen: float = _option(0.0, "--unkpen")
-    retain_history: bool = _option(False, "--retain-iter-history")
+    constraint_order: str = _option("ordered", "--constraints", choices=CONSTRAINT_ORDERS, arg="constraints")
+    lenpen: float = _option(1.0, "--lenpen", RUNTIME, check=_number)
+    unkpen: float = _option(0.0, "--unkpen", check=_number)
+    retain_history: bool = _option(False, "--retain-iter-history", check=_flag, arg="retain_iter_history")
     precision: str = _option(
-        "fp32", "--decode-precision", TASK, choices=PRECISIONS,
+        "fp32", "--decode-precision", TASK, choices=PRECISIONS, arg="decode_precision",
         help="convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
         "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the same "
         "conversion applies to --rerank-with's model and to an autoregressive transformer decoded through this "
         "task (fairseq's beam search), so speeds compare like with like")
     rerank_with: Optional[str] = _option(
-        None, "--rerank-with", INSERTION, TASK,
+        None, "--rerank-with", INSERTION, TASK, read=_path,
         help="a fairseq transformer checkpoint trained on the same dictionaries (e.g. the distillation teacher): "
         "choose among the --eos-penalties candidates by its length-normalised log p(y | x), one teacher-forced "
         "batch per batch of sentences")
     rerank_weight: float = _option(
-        0.0, "--rerank-weight", RUNTIME, TASK,
+        0.0, "--rerank-weight", RUNTIME, TASK, check=_number,
         help="lambda: with --rerank-with, a candidate's score is the reranker's length-normalised log-probability "
         "+ lambda x the insertion model's own score (choose it on valid)")
     shortlist: Optional[str] = _option(
-        None, "--shortlist", INSERTION, TASK,
+        None, "--shortlist", INSERTION, TASK, read=_path,
         help="a lexical shortlist table (python -m fairseq_insertion.shortlist): each sentence's slots choose among "
         "the table's frequent target words, its source words' translations, the specials and its constraints' "
         "tokens only, normalised over that list; the runtime takes it from the export (export --shortlist)")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
-        set_(self, "decoding", _choice(self, "decoding", DECODINGS))
-        set_(self, "constraint_order", _choice(self, "constraint_order", CONSTRAINT_ORDERS))
-        set_(self, "precision", _choice(self, "precision", PRECISIONS))
-        set_(self, "eos_penalty", _number(self, "eos_penalty"))
-        set_(self, "eos_penalties", _betas(self.eos_penalties))
-        set_(self, "max_len_a", _number(self, "max_len_a", minimum=0.0))
-        set_(self, "max_len_b", _integer(self, "max_len_b", minimum=0))
-        set_(self, "max_iterations", _integer(self, "max_iterations", minimum=0))
-        set_(self, "first_insertions", _integer(self, "first_insertions", minimum=1))
-        set_(self, "no_repeat_ngram_size", _integer(self, "no_repeat_ngram_size", minimum=0))
-        set_(self, "lenpen", _number(self, "lenpen"))
-        set_(self, "unkpen", _number(self, "unkpen"))
-        set_(self, "rerank_weight", _number(self, "rerank_weight"))
-        for name in ("block_neighbour_copies", "close_ended_slots", "retain_history"):
-            set_(self, name, _flag(self, name))
+        for f in dataclasses.fields(self):
+            if f.metadata["check"] is not None:
+                set_(self, f.name, f.metadata["check"](self, f.name))
         if self.no_repeat_ngram_size == 1:
             raise DecodingError(f"{_name('no_repeat_ngram_size')} must be 0 (off) or >= 2 (an n-gram of size 1 "
                                 "would forbid every token already on the canvas), got 1")
@@ -208,29 +269,11 @@ class DecodingConfig:
             return value if value is not None else getattr(task_cfg, name, default)
 
         d = cls()
-        max_len_a, max_len_b = get("max_len_a", d.max_len_a), get("max_len_b", d.max_len_b)
-        if (_as_float(max_len_a), _as_float(max_len_b)) == FAIRSEQ_LENGTH_DEFAULTS:
-            max_len_a, max_len_b = d.max_len_a, d.max_len_b
-        return cls(
-            decoding=str(get("decoding", d.decoding)),
-            eos_penalty=get("eos_penalty", d.eos_penalty),
-            eos_penalties=parse_betas(get("eos_penalties")),
-            first_insertions=get("first_insertions", d.first_insertions),
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            max_iterations=get("max_iterations", d.max_iterations),
-            block_neighbour_copies=get("block_neighbour_copies", d.block_neighbour_copies),
-            no_repeat_ngram_size=get("no_repeat_ngram_size", d.no_repeat_ngram_size),
-            close_ended_slots=get("close_ended_slots", d.close_ended_slots),
-            constraint_order=str(get("constraints", None) or d.constraint_order),
-            lenpen=get("lenpen", d.lenpen),
-            unkpen=get("unkpen", d.unkpen),
-            retain_history=get("retain_iter_history", d.retain_history),
-            precision=str(get("decode_precision", d.precision)),
-            rerank_with=get("rerank_with") or None,
-            rerank_weight=get("rerank_weight", d.rerank_weight),
-            shortlist=get("shortlist") or None,
-        )
+        values = {f.name: f.metadata["read"](get(f.metadata["arg"] or f.name, getattr(d, f.name)))
+                  for f in dataclasses.fields(cls)}
+        if (_as_float(values["max_len_a"]), _as_float(values["max_len_b"])) == FAIRSEQ_LENGTH_DEFAULTS:
+            values.update(max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        return cls(**values)
 
 
 _FIELDS = dataclasses.fields(DecodingConfig)
@@ -279,55 +322,3 @@ def check_search_options(gen_args: Any) -> None:
     for name in ("nbest", "beam"):
         if getattr(gen_args, name, None) is not None:
             _integer(gen_args, name, minimum=1)
-
-
-def _name(field: str) -> str:
-    return f"{FLAGS[field]} ({field}=)"
-
-
-def _as_float(value: Any) -> Any:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return value
-
-
-def _number(cfg: DecodingConfig, field: str, minimum: Optional[float] = None) -> float:
-    value = getattr(cfg, field)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if isinstance(value, bool) or not math.isfinite(x) or (minimum is not None and x < minimum):
-        bound = f" >= {minimum:g}" if minimum is not None else ""
-        raise DecodingError(f"{_name(field)} must be a finite number{bound}, got {value!r}")
-    return x
-
-
-def _integer(cfg: Any, field: str, minimum: int) -> int:
-    value = getattr(cfg, field)
-    x = _as_float(value)
-    if isinstance(value, bool) or not isinstance(x, float) or not math.isfinite(x) or x != int(x) or x < minimum:
-        raise DecodingError(f"{_name(field)} must be an integer >= {minimum}, got {value!r}")
-    return int(x)
-
-
-def _flag(cfg: DecodingConfig, field: str) -> bool:
-    value = getattr(cfg, field)
-    if not isinstance(value, (bool, int)) or value not in (0, 1):
-        raise DecodingError(f"{_name(field)} is true or false, got {value!r}")
-    return bool(value)
-
-
-def _choice(cfg: DecodingConfig, field: str, choices: Tuple[str, ...]) -> str:
-    value = getattr(cfg, field)
-    if str(value) not in choices:
-        raise DecodingError(f"{_name(field)} must be one of {choices}, got {value!r}")
-    return str(value)
-
-
-def _betas(value: Any) -> Tuple[float, ...]:
-    betas = parse_betas(value)
-    if not all(math.isfinite(b) for b in betas):
-        raise DecodingError(f"{_name('eos_penalties')} must be finite numbers, got {value!r}")
-    return betas
