@@ -161,6 +161,13 @@ def test_options_the_step_graph_was_not_exported_for_take_the_pass_graph(model, 
         assert runs(stepping) == 0 and stepping._pass.runs > 0
         results = stepping.translate_batch([["w1", "w2", "w3"]], constraints=[[["w3"]]])  # constrained: the pass graph
         assert "w3" in results[0].hypotheses[0] and runs(stepping) == 0
+        # the stats say which path decoded each batch, and why the others fell back
+        path = "loop" if mode == "loop" else "step"
+        assert stepping.stats["pass_batches"] == batches(7) + 1 and stepping.stats[f"{path}_batches"] == 0
+        assert stepping.stats["fallbacks"] == {"no_repeat_ngram_size differ from the options it was exported for":
+                                               batches(7), "the canvases start from constraints": 1}
+        decode_all(stepping, task, DecodingConfig(eos_penalty=0.5), 7)
+        assert stepping.stats[f"{path}_batches"] == batches(7) and stepping.stats["pass_batches"] == batches(7) + 1
 
 
 def test_an_export_without_the_step_graph_loads_and_decodes_as_before(model, exports):

@@ -149,6 +149,11 @@ class Looped(Passes):
         return self.translator._run_loop(state, source, self.opts)
 
 
+PATHS = {"pass": Passes, "step": Steps, "loop": Looped}
+"""The runtime's ways to decode a batch: one run of the pass graph a pass, of the step graph a pass, or of the loop
+graph a batch (:meth:`Translator._path` chooses)."""
+
+
 class Translator:
     """An exported insertion model (``python -m fairseq_insertion.export``) on ONNX Runtime.
 
@@ -236,9 +241,13 @@ class Translator:
             self._loop, self._step = (session, None) if whole else (None, session)
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
-        self.stats = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
+        self.stats: Dict[str, Any] = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0,
+                                      **{f"{path}_batches": 0 for path in PATHS}, "fallbacks": {}}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
-        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
+        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens; the
+        batches each path decoded (``pass_batches``, ``step_batches``, ``loop_batches``: :meth:`_path`), and
+        ``fallbacks``: why batches took the pass graph although the translator was made for the step or loop
+        graph (reason: batches)."""
 
     # ------------------------------------------------------------------ API
     def end_profiling(self) -> Dict[str, str]:
@@ -404,8 +413,8 @@ class Translator:
         names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
         source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        backend = (Passes if not self._steps(opts, start) else Looped if self._loop is not None else Steps)(
-            self, opts, src)
+        path, fallback = self._path(opts, start)
+        backend = PATHS[path](self, opts, src)
         found = L.decode(backend, source, start, max_len, opts, self.termination, self.eos, self.pad,
                          self.word_scheme != "none", shortlist=shortlist)
         out = found.canvases
@@ -414,16 +423,32 @@ class Translator:
         for key, value in (("sentences", B), ("batches", 1), ("passes", found.passes),
                            ("iterations", int(out.iterations[best].sum())), ("tokens", int(out.lengths[best].sum()))):
             self.stats[key] += value
+        self.stats[f"{path}_batches"] += 1
+        if fallback is not None:
+            if fallback not in self.stats["fallbacks"]:
+                logger.info("the pass graph decodes the calls where %s (the %s graph does not cover them)", fallback,
+                            "loop" if self._loop is not None else "step")
+            self.stats["fallbacks"][fallback] = self.stats["fallbacks"].get(fallback, 0) + 1
         candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
 
-    def _steps(self, opts: DecodingConfig, start: L.Start) -> bool:
-        """Whether the step (or loop) graph decodes a batch that starts from ``start`` with ``opts``: it is loaded, was
-        exported for these options, and the canvases start empty (no constraints) without a shortlist."""
-        return ((self._step is not None or self._loop is not None) and start.tokens.shape[1] == 0
-                and self._shortlist is None
-                and all(getattr(opts, key) == value for key, value in self._step_options.items()))
+    def _path(self, opts: DecodingConfig, start: L.Start) -> Tuple[str, Optional[str]]:
+        """The one place that decides which graph decodes a batch that starts from ``start`` with ``opts`` (a key of
+        :data:`PATHS`), and where the translator was made for the step or loop graph but the batch takes the pass
+        graph, why: the graph covers unconstrained canvases without a shortlist, with the options it was exported
+        for."""
+        wanted = "loop" if self._loop is not None else "step" if self._step is not None else None
+        if wanted is None:
+            return "pass", None
+        if start.tokens.shape[1]:
+            return "pass", "the canvases start from constraints"
+        if self._shortlist is not None:
+            return "pass", "the export's shortlist applies"
+        differ = sorted(key for key, value in self._step_options.items() if getattr(opts, key) != value)
+        if differ:
+            return "pass", f"{', '.join(differ)} differ from the options it was exported for"
+        return wanted, None
 
     def _state_feeds(self, state: Canvases, source: Source, opts: DecodingConfig, max_iterations: int
                      ) -> Dict[str, np.ndarray]:
