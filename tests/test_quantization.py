@@ -4,6 +4,7 @@ where onnxruntime's dynamic quantization (``--int8 dynamic``) moves them; export
 before the scheme was recorded load."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -96,8 +97,22 @@ def test_a_sentences_encoding_is_the_same_alone_and_in_a_batch_per_row_not_dynam
                             for got, fp32 in zip(together, results["fp32"]))
     assert all(same["per-row"]), same
     assert not all(same["dynamic"]), same
-    # the rows' own ranges and the columns' scales: closer to fp32 (measured: 1.4% against 10%)
-    assert error["per-row"] < 0.03 and error["per-row"] < error["dynamic"], error
+    assert error["per-row"] < 0.03, error
+    if cpu_has_vnni():  # exact int8 products: both schemes near fp32 (measured: per-row 1.3%, dynamic 1.2%)
+        assert error["dynamic"] < 0.03, error
+    else:
+        # without VNNI onnxruntime's u8 x s8 products saturate; the rows' own ranges and 7-bit columns do not:
+        # closer to fp32 (measured on an AVX2-only Zen 4: 1.4% against 10%)
+        assert error["per-row"] < error["dynamic"], error
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has VNNI (AVX512-VNNI or AVX-VNNI; Linux's /proc/cpuinfo; elsewhere assumed absent)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def test_per_row_int8_translates_the_same_at_every_batch_size(exports):
@@ -111,7 +126,11 @@ def test_per_row_int8_translates_the_same_at_every_batch_size(exports):
     dynamic = [r.hypotheses[0] for r in Translator(out["dynamic"], intra_threads=1).translate_batch(lines)]
     same = {name: sum(a == b for a, b in zip(hyps, fp32))
             for name, hyps in (("per-row", got[24]), ("dynamic", dynamic))}
-    assert same["per-row"] >= max(same["dynamic"], 0.6 * len(lines)), same  # measured: 18 and 12 of 24
+    assert same["per-row"] >= 0.6 * len(lines), same
+    if cpu_has_vnni():  # measured: 18 and 21 of 24
+        assert same["dynamic"] >= 0.6 * len(lines), same
+    else:  # the dynamic scheme's products saturate (measured on an AVX2-only Zen 4: 18 and 12 of 24)
+        assert same["per-row"] >= same["dynamic"], same
 
 
 def test_the_scheme_is_recorded_and_an_export_without_it_loads_as_dynamic(exports, tmp_path):
