@@ -219,10 +219,11 @@ def model(prepared):
 def exported(prepared, model, tmp_path_factory):
     """``python -m fairseq_insertion.export`` (its model loader replaced by the model above) on the data-bin."""
     import fairseq_insertion.export as E
+    import fairseq_insertion.export.files as EF
 
     out = tmp_path_factory.mktemp("export") / "x"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(E, "load", lambda path, data: model)
+        patch.setattr(EF, "load", lambda path, data: model)
         assert E.main(["--path", "unused.pt", "--data", str(prepared / "bin"), "--out", str(out)]) == 0
     return out
 
@@ -283,10 +284,11 @@ def test_explicit_options_change_the_recorded_preprocessing(prepared, exported, 
 
 def test_options_given_to_the_export_are_recorded(prepared, model, tmp_path):
     import fairseq_insertion.export as E
+    import fairseq_insertion.export.files as EF
 
     (tmp_path / "bin").mkdir()  # a data-bin without preprocess.json
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(E, "load", lambda path, data: model)
+        patch.setattr(EF, "load", lambda path, data: model)
         assert E.main(["--path", "p", "--data", str(tmp_path / "bin"), "--out", str(tmp_path / "a"),
                        "--tokenizer", "moses", "--bpe-codes", str(prepared / "bpe.codes"), "--source-lang", "fr",
                        "--target-lang", "en", "--no-normalize-punctuation"]) == 0

@@ -15,7 +15,8 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 from fairseq_insertion.decoding import TORCH  # noqa: E402
-from fairseq_insertion.export import ExportError, Graph, _io, export_model  # noqa: E402
+from fairseq_insertion.export import ExportError, Graph, export_model  # noqa: E402
+from fairseq_insertion.export.graph import _io  # noqa: E402
 from fairseq_insertion.loop import NUMPY, SlotInputs, shortlist_positions  # noqa: E402
 from fairseq_insertion.slots import Shortlist, SlotRule, choose, choose_graph, shortlist_rows  # noqa: E402
 

@@ -1,0 +1,7 @@
+"""``python -m fairseq_insertion.export``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

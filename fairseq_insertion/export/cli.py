@@ -1,0 +1,62 @@
+"""``python -m fairseq_insertion.export``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .. import preprocess as P
+from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
+from ..export_format import (
+    LOOP_GRAPH,
+    QUANTIZATIONS,
+    SHORTLIST,
+    STEP,
+)
+from .files import export, recorded_preprocessing
+from .graph import ExportError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    doc = sys.modules[__package__].__doc__  # the package's: what an export holds
+    p = argparse.ArgumentParser(prog="python -m fairseq_insertion.export", description=doc.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    p.add_argument("--path", type=Path, required=True, help="an insertion_transformer checkpoint")
+    p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write")
+    p.add_argument("--int8", nargs="?", const="per-row", default=None, choices=QUANTIZATIONS,
+                   help="int8 products: per-row activation scales (the default: a sentence's translation does not "
+                   "depend on its batch) or onnxruntime's dynamic quantization (faster at batch 1; its outputs "
+                   "move with the batch)")
+    p.add_argument("--rerank-with", type=Path, default=None, metavar="CHECKPOINT",
+                   help="an autoregressive fairseq transformer of the same dictionaries (e.g. the distillation "
+                   "teacher), exported as scorer.onnx: it chooses among the --eos-penalties candidates")
+    p.add_argument("--shortlist", type=Path, default=None, metavar="TABLE",
+                   help="a lexical shortlist table (python -m fairseq_insertion.shortlist), exported as "
+                   f"{SHORTLIST}: each sentence's slots choose among its list only")
+    p.add_argument("--step-graph", action="store_true",
+                   help=f"also {STEP} (a whole decoding pass, from the canvases to the next, in one graph run) and "
+                   f"{LOOP_GRAPH} (a batch's whole decode in one run), for the decoding options given here "
+                   "(Translator(..., step_graph=True or 'loop') uses them)")
+    add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
+    P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
+                    f"--data's {P.RECORD} when it has one")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    given = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
+    try:
+        config = DecodingConfig(**given)
+        recorded = recorded_preprocessing(args.data)
+        preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
+        out = export(args.path, args.data, args.out, args.int8 is not None, config, preprocessing, args.rerank_with,
+                     args.shortlist, args.step_graph, args.int8 or "per-row")
+    except (ExportError, DecodingError, P.PreprocessError) as exc:
+        print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0

@@ -1,0 +1,211 @@
+"""The export's files: the checkpoint loaded, the graphs written, quantized and recorded in ``settings.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Optional, Tuple
+
+import onnx
+import torch
+from torch import nn
+
+from .. import preprocess as P
+from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..export_format import (
+    BPE_CODES,
+    CHECKED,
+    ENCODER,
+    FORMAT_VERSION,
+    LOOP_GRAPH,
+    PASS,
+    QUANTIZATIONS,
+    SCORER,
+    SETTINGS,
+    SHORTLIST,
+    SPECIAL_IDS,
+    STEP,
+    STEP_OPTIONS,
+    VOCABS,
+    file_digests,
+)
+from ..fast_decoder import cacheable
+from ..slots import Shortlist
+from .graph import ExportError
+from .layers import encoder_graph, pass_graph, scorer_graph
+from .loops import loop_graph, step_graph
+from .quantize import quantize
+
+
+def check_exportable(model: nn.Module) -> None:
+    """Refuse what the graphs do not cover, naming it."""
+    head = model.decoder.head
+    unsupported = []
+    if head.joint:
+        unsupported.append("--content-location joint")
+    if head.K > 1:
+        unsupported.append(f"--mixture-components {head.K}")
+    if head.context_bias is not None:
+        unsupported.append("--context-bias")
+    if getattr(model.decoder, "adaptive_softmax", None) is not None:
+        unsupported.append("an adaptive softmax")
+    model.eval()
+    if not cacheable(model.decoder):
+        unsupported.append("decoder layers other than plain pre-/post-norm layers with encoder attention")
+    if unsupported:
+        raise ExportError("the export covers the factorized slot head of plain Transformer layers; this model has "
+                          + ", ".join(unsupported))
+
+
+def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
+    """The insertion model of ``path`` with the dictionaries of ``data`` (fairseq's loader)."""
+    from fairseq import checkpoint_utils
+
+    from ..model import InsertionTransformerModel
+
+    for flag, p in (("--path", path), ("--data", data)):
+        if not Path(p).exists():
+            raise ExportError(f"{flag} {p}: not found")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data)})
+    model = models[0]
+    if not isinstance(model, InsertionTransformerModel):
+        raise ExportError(f"--path {path}: a {type(model).__name__}, not an insertion_transformer model")
+    return model.eval(), task
+
+
+def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> None:
+    """Write ``encoder.onnx`` and ``pass.onnx`` for ``model`` (fp32) into ``out``; ``shortlisted``: the graphs
+    that take each sentence's shortlist."""
+    check_exportable(model)
+    model = model.float().eval()
+    with torch.no_grad():
+        onnx.save(encoder_graph(model, shortlisted), str(out / ENCODER))
+        onnx.save(pass_graph(model, shortlisted), str(out / PASS))
+
+
+def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool, quantization: str = "per-row") -> dict:
+    """What the runtime needs besides the graphs: ids, sizes, limits, the precision (int8: with its
+    ``quantization``) and the decoding's options."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": {
+            "termination": model.termination,
+            **{key: getattr(tgt, key)() for key in SPECIAL_IDS},
+            "source": {key: getattr(src, key)() for key in SPECIAL_IDS},
+            "max_source_positions": int(model.encoder.max_positions()),
+            "max_target_positions": int(model.max_decoder_positions()),
+            "decoder_layers": len(model.decoder.layers),
+            "precision": "int8" if int8 else "fp32",
+            **({"quantization": quantization} if int8 else {}),
+        },
+        "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
+    }
+
+
+def recorded_preprocessing(data: Path) -> Optional[P.Preprocessing]:
+    """``data``'s ``preprocess.json``, if it has one."""
+    return P.read_record(data / P.RECORD) if (data / P.RECORD).is_file() else None
+
+
+def load_scorer(path: Path, task) -> nn.Module:
+    """``--rerank-with``: an autoregressive fairseq transformer trained with the insertion model's dictionaries
+    (refused, naming the files, otherwise: :meth:`fairseq_insertion.rerank.AutoregressiveScorer.load`)."""
+    from ..checkpoints import dictionary_files
+    from ..rerank import AutoregressiveScorer
+
+    try:
+        scorer = AutoregressiveScorer.load(str(path), task.source_dictionary, task.target_dictionary,
+                                           torch.device("cpu"), dictionaries=dictionary_files(task.cfg))
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    return scorer.model.float().eval()
+
+
+def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
+           preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
+           shortlist: Optional[Path] = None, step: bool = False, quantization: str = "per-row") -> Path:
+    """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
+    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
+    checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
+    ``python -m fairseq_insertion.shortlist``), if given; ``step``: also the step and loop graphs (:func:`step_graph`,
+    :func:`loop_graph`); ``quantization``: how ``int8`` quantizes (:func:`quantize`)."""
+    preprocessing = preprocessing or recorded_preprocessing(data)
+    if preprocessing is not None:
+        P.load(preprocessing)  # its codes checked before the model is loaded
+    model, task = load(path, data)
+    teacher = load_scorer(scorer, task) if scorer is not None else None
+    table = None
+    if shortlist is not None:
+        try:
+            table = Shortlist.load(shortlist, len(task.source_dictionary), len(task.target_dictionary))
+        except ValueError as exc:
+            raise ExportError(f"--shortlist: {exc}") from None
+    return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
+                        teacher, table, step, quantization)
+
+
+def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
+                 config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False,
+                 quantization: str = "per-row") -> Path:
+    """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
+    raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
+    transformer of the same dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the
+    lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list);
+    ``step``: also the step and loop graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`;
+    ``loop.onnx``, :func:`loop_graph`); ``quantization``: how ``int8`` quantizes, ``per-row`` or ``dynamic``
+    (:func:`quantize`)."""
+    config = config or DecodingConfig()
+    if int8 and quantization not in QUANTIZATIONS:
+        raise ExportError(f"--int8 {quantization}: expected one of {list(QUANTIZATIONS)}")
+    if config.unkpen:
+        raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
+                          "unkpen 0")
+    if preprocessing is not None:
+        P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
+    if shortlist is not None and (shortlist.target_vocab, len(shortlist.translations)) != (len(tgt_dict),
+                                                                                           len(src_dict)):
+        raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
+                          f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
+    if step and shortlist is not None:
+        raise ExportError("the step graph covers decoding without a shortlist: export it without --shortlist")
+    out.mkdir(parents=True, exist_ok=True)
+    export_graphs(model, out, shortlist is not None)
+    for name in (STEP, LOOP_GRAPH):
+        (out / name).unlink(missing_ok=True)
+    if step:
+        with torch.no_grad():
+            onnx.save(step_graph(model, config), str(out / STEP))
+            onnx.save(loop_graph(model, config), str(out / LOOP_GRAPH))
+    (out / SCORER).unlink(missing_ok=True)
+    if scorer is not None:
+        with torch.no_grad():
+            onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
+    if int8:
+        quantize(out, (ENCODER, PASS, *((SCORER,) if scorer is not None else ()),
+                       *((STEP, LOOP_GRAPH) if step else ())), quantization)
+    for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
+        (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
+    (out / BPE_CODES).unlink(missing_ok=True)
+    values, names = settings(model, src_dict, tgt_dict, config, int8, quantization), CHECKED
+    if scorer is not None:
+        values["scorer"], names = SCORER, (*names, SCORER)
+    (out / SHORTLIST).unlink(missing_ok=True)
+    if shortlist is not None:
+        shortlist.save(out / SHORTLIST)
+        values["shortlist"], names = SHORTLIST, (*names, SHORTLIST)
+    if step:
+        values["step"] = {"graph": STEP, "loop": LOOP_GRAPH, **{key: getattr(config, key) for key in STEP_OPTIONS}}
+        names = (*names, STEP, LOOP_GRAPH)
+    if preprocessing is not None:
+        codes = preprocessing.bpe_codes and BPE_CODES
+        if codes:
+            shutil.copyfile(preprocessing.bpe_codes, out / codes)
+            names = (*names, codes)
+        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=codes).record()
+    values["files"] = file_digests(out, names)
+    (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
+    return out
