@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from fairseq_insertion.decoding import DecodingError
 from tests.utils import PLUGIN, REPO, build_task, parse_generate, run, trained_reverse_model
 
+pytestmark = pytest.mark.heavy  # dozens of fairseq CLI runs: minutes
+
 LIMIT = 30  # --max-source-positions of every decode here
 LONG = " ".join(f"w{i % 24}" for i in range(40))  # 41 tokens with eos: over LIMIT
 WORDS = [f"w{i}" for i in range(24)]

@@ -23,6 +23,8 @@ from tests.utils import (
     train_args,
 )
 
+pytestmark = pytest.mark.heavy  # trainings killed, resumed and repeated: minutes
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):

@@ -22,6 +22,8 @@ from tests.utils import (
     train_args,
 )
 
+pytestmark = pytest.mark.heavy  # every variant trained through the CLIs: minutes
+
 COMBOS = list(itertools.product([False, True], [False, True], [1, 2]))  # joint, context bias, K
 
 
