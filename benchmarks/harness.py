@@ -179,10 +179,10 @@ class Runtime(Engine):
         self.dir, self.translator = where.work / "export" / system.name, None
         scorer, shortlist = system.options.get("scorer"), system.options.get("shortlist")
         self.step_graph = system.options.get("step_graph", False)
-        export(system.checkpoint, where.data_bin, self.dir, int8=system.options.get("precision") == "int8",
-               config=DecodingConfig(**self.options), scorer=Path(scorer) if scorer else None,
-               shortlist=Path(shortlist) if shortlist else None, step=bool(self.step_graph),
-               quantization=system.options.get("quantization", "per-row"))
+        int8 = system.options.get("quantization", "per-row") if system.options.get("precision") == "int8" else None
+        export(system.checkpoint, where.data_bin, self.dir, int8=int8, config=DecodingConfig(**self.options),
+               scorer=Path(scorer) if scorer else None, shortlist=Path(shortlist) if shortlist else None,
+               step=bool(self.step_graph))
 
     def load(self, threads: int) -> None:
         self.translator = None

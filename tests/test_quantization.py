@@ -29,8 +29,8 @@ def exports(tmp_path_factory):
     config = DecodingConfig(eos_penalty=0.5)
     out = {"fp32": export_model(model, task.source_dictionary, task.target_dictionary, root / "fp32", config=config)}
     for scheme in ("per-row", "dynamic"):
-        out[scheme] = export_model(model, task.source_dictionary, task.target_dictionary, root / scheme, int8=True,
-                                   config=config, quantization=scheme)
+        out[scheme] = export_model(model, task.source_dictionary, task.target_dictionary, root / scheme, int8=scheme,
+                                   config=config)
     return root, task, out
 
 
@@ -158,8 +158,7 @@ def test_the_scheme_is_recorded_and_an_export_without_it_loads_as_dynamic(export
 def test_an_unknown_scheme_is_refused(exports, capsys):
     root, task, _ = exports
     with pytest.raises(ExportError, match=r"--int8 per-tensor: expected one of \['per-row', 'dynamic'\]"):
-        export_model(None, task.source_dictionary, task.target_dictionary, root / "bad", int8=True,
-                     quantization="per-tensor")
+        export_model(None, task.source_dictionary, task.target_dictionary, root / "bad", int8="per-tensor")
     with pytest.raises(SystemExit):
         export_main(["--path", "x", "--data", "y", "--out", str(root / "bad"), "--int8", "per-tensor"])
     assert "--int8: invalid choice: 'per-tensor'" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def test_runtime_gives_the_generators_hypotheses(request, which, decoding, rules
 
 def test_int8_export_decodes_every_line(trained, tmp_path):
     _, model, task, fp32 = trained
-    out = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "int8", int8=True)
+    out = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "int8", int8="per-row")
     assert (out / "pass.onnx").stat().st_size < (fp32 / "pass.onnx").stat().st_size
     assert json.loads((out / "settings.json").read_text())["model"]["precision"] == "int8"
     translator = Translator(out, intra_threads=1)
@@ -112,7 +112,7 @@ def test_fp32_and_per_row_sessions_run_residual_and_layer_norm_apart_dynamic_int
     exports = {"fp32": fp32}
     for scheme in ("per-row", "dynamic"):
         exports[scheme] = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / scheme,
-                                       int8=True, quantization=scheme)
+                                       int8=scheme)
     ops = {}
     for name, out in exports.items():
         translator = Translator(out, intra_threads=1, profile=str(tmp_path / f"{name}-profile"))

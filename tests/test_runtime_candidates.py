@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
     config = DecodingConfig(eos_penalties=BETAS, rerank_weight=0.5)
     exports = {"plain": export(ckpt, root / "bin", root / "plain", config=config),
                "scorer": export(ckpt, root / "bin", root / "scorer", config=config, scorer=teacher),
-               "int8": export(ckpt, root / "bin", root / "int8", int8=True, config=config, scorer=teacher)}
+               "int8": export(ckpt, root / "bin", root / "int8", int8="per-row", config=config, scorer=teacher)}
     from fairseq import checkpoint_utils
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)],

@@ -135,8 +135,8 @@ def test_int8_step_and_loop_graphs_decode_as_the_int8_pass_graph(model, tmp_path
     root, m, task = model
     config = DecodingConfig(eos_penalty=0.5, **EXPORTS["on"])
     for scheme in ("per-row", "dynamic"):
-        out = export_model(m, task.source_dictionary, task.target_dictionary, tmp_path / scheme, int8=True,
-                           config=config, step=True, quantization=scheme)
+        out = export_model(m, task.source_dictionary, task.target_dictionary, tmp_path / scheme, int8=scheme,
+                           config=config, step=True)
         assert json.loads((out / "settings.json").read_text())["model"]["precision"] == "int8"
         expected = decode_all(Translator(out, intra_threads=1), task, config, 7)
         assert np.mean([len(c[0][0]) for c in expected]) > 1

@@ -53,8 +53,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
-        out = export(args.path, args.data, args.out, args.int8 is not None, config, preprocessing, args.rerank_with,
-                     args.shortlist, args.step_graph, args.int8 or "per-row")
+        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
+                     args.shortlist, args.step_graph)
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2

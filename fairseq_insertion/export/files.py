@@ -6,7 +6,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import onnx
 import torch
@@ -86,9 +86,9 @@ def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> Non
         onnx.save(pass_graph(model, shortlisted), str(out / PASS))
 
 
-def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool, quantization: str = "per-row") -> dict:
-    """What the runtime needs besides the graphs: ids, sizes, limits, the precision (int8: with its
-    ``quantization``) and the decoding's options."""
+def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[str]) -> dict:
+    """What the runtime needs besides the graphs: ids, sizes, limits, the precision (``int8``: its scheme; None:
+    fp32) and the decoding's options."""
     return {
         "format_version": FORMAT_VERSION,
         "model": {
@@ -99,10 +99,49 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: bool, qua
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
             "precision": "int8" if int8 else "fp32",
-            **({"quantization": quantization} if int8 else {}),
+            **({"quantization": int8} if int8 else {}),
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }
+
+
+class ExportFile(NamedTuple):
+    """One of an export's optional files: its name, how it is written into the export's directory, whether
+    ``--int8`` quantizes it, and its entry in ``settings.json`` (key, value), if it has one."""
+
+    name: str
+    write: Callable[[Path], None]
+    quantized: bool = False
+    setting: Optional[Tuple[str, Any]] = None
+
+
+OPTIONAL_FILES = (SCORER, SHORTLIST, STEP, LOOP_GRAPH, BPE_CODES)  # a previous export's are removed
+
+
+def optional_files(model: nn.Module, config: DecodingConfig, scorer: Optional[nn.Module],
+                   shortlist: Optional[Shortlist], step: bool, codes: Optional[str]) -> List[ExportFile]:
+    """The optional files of an export, in the order ``settings.json`` lists them: the scorer's graph, the
+    shortlist, the step and loop graphs, the preprocessing's BPE codes (``codes``: their path)."""
+    def graph(build: Callable[[], "onnx.ModelProto"], name: str) -> Callable[[Path], None]:
+        def write(out: Path) -> None:
+            with torch.no_grad():
+                onnx.save(build(), str(out / name))
+        return write
+
+    files = []
+    if scorer is not None:
+        files.append(ExportFile(SCORER, graph(lambda: scorer_graph(scorer.float().eval()), SCORER), True,
+                                ("scorer", SCORER)))
+    if shortlist is not None:
+        files.append(ExportFile(SHORTLIST, lambda out: shortlist.save(out / SHORTLIST), False,
+                                ("shortlist", SHORTLIST)))
+    if step:
+        files += [ExportFile(STEP, graph(lambda: step_graph(model, config), STEP), True, ("step", {
+                      "graph": STEP, "loop": LOOP_GRAPH, **{key: getattr(config, key) for key in STEP_OPTIONS}})),
+                  ExportFile(LOOP_GRAPH, graph(lambda: loop_graph(model, config), LOOP_GRAPH), True)]
+    if codes:
+        files.append(ExportFile(BPE_CODES, lambda out: shutil.copyfile(codes, out / BPE_CODES)))
+    return files
 
 
 def recorded_preprocessing(data: Path) -> Optional[P.Preprocessing]:
@@ -124,14 +163,14 @@ def load_scorer(path: Path, task) -> nn.Module:
     return scorer.model.float().eval()
 
 
-def export(path: Path, data: Path, out: Path, int8: bool = False, config: Optional[DecodingConfig] = None,
+def export(path: Path, data: Path, out: Path, int8: Optional[str] = None, config: Optional[DecodingConfig] = None,
            preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
-           shortlist: Optional[Path] = None, step: bool = False, quantization: str = "per-row") -> Path:
+           shortlist: Optional[Path] = None, step: bool = False) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
     ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
     checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
     ``python -m fairseq_insertion.shortlist``), if given; ``step``: also the step and loop graphs (:func:`step_graph`,
-    :func:`loop_graph`); ``quantization``: how ``int8`` quantizes (:func:`quantize`)."""
+    :func:`loop_graph`); ``int8``: the products in int8 with that scheme (:func:`quantize`; None: fp32)."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
@@ -144,23 +183,21 @@ def export(path: Path, data: Path, out: Path, int8: bool = False, config: Option
         except ValueError as exc:
             raise ExportError(f"--shortlist: {exc}") from None
     return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
-                        teacher, table, step, quantization)
+                        teacher, table, step)
 
 
-def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = False,
+def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional[str] = None,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
-                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False,
-                 quantization: str = "per-row") -> Path:
-    """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``preprocessing``: how
-    raw text was prepared for it (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive
-    transformer of the same dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the
-    lexical shortlist its slots choose from (``shortlist.npz``, the graphs then take each sentence's list);
-    ``step``: also the step and loop graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`;
-    ``loop.onnx``, :func:`loop_graph`); ``quantization``: how ``int8`` quantizes, ``per-row`` or ``dynamic``
-    (:func:`quantize`)."""
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False) -> Path:
+    """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``int8``: the products in int8,
+    ``per-row`` or ``dynamic`` (:func:`quantize`; None: fp32); ``preprocessing``: how raw text was prepared for it
+    (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive transformer of the same
+    dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the lexical shortlist its slots
+    choose from (``shortlist.npz``, the graphs then take each sentence's list); ``step``: also the step and loop
+    graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`; ``loop.onnx``, :func:`loop_graph`)."""
     config = config or DecodingConfig()
-    if int8 and quantization not in QUANTIZATIONS:
-        raise ExportError(f"--int8 {quantization}: expected one of {list(QUANTIZATIONS)}")
+    if int8 is not None and int8 not in QUANTIZATIONS:
+        raise ExportError(f"--int8 {int8}: expected one of {list(QUANTIZATIONS)}")
     if config.unkpen:
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
                           "unkpen 0")
@@ -174,38 +211,20 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: bool = F
         raise ExportError("the step graph covers decoding without a shortlist: export it without --shortlist")
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out, shortlist is not None)
-    for name in (STEP, LOOP_GRAPH):
+    files = optional_files(model, config, scorer, shortlist, step, preprocessing and preprocessing.bpe_codes)
+    for name in OPTIONAL_FILES:
         (out / name).unlink(missing_ok=True)
-    if step:
-        with torch.no_grad():
-            onnx.save(step_graph(model, config), str(out / STEP))
-            onnx.save(loop_graph(model, config), str(out / LOOP_GRAPH))
-    (out / SCORER).unlink(missing_ok=True)
-    if scorer is not None:
-        with torch.no_grad():
-            onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
+    for f in files:
+        f.write(out)
     if int8:
-        quantize(out, (ENCODER, PASS, *((SCORER,) if scorer is not None else ()),
-                       *((STEP, LOOP_GRAPH) if step else ())), quantization)
+        quantize(out, (ENCODER, PASS, *(f.name for f in files if f.quantized)), int8)
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
-    (out / BPE_CODES).unlink(missing_ok=True)
-    values, names = settings(model, src_dict, tgt_dict, config, int8, quantization), CHECKED
-    if scorer is not None:
-        values["scorer"], names = SCORER, (*names, SCORER)
-    (out / SHORTLIST).unlink(missing_ok=True)
-    if shortlist is not None:
-        shortlist.save(out / SHORTLIST)
-        values["shortlist"], names = SHORTLIST, (*names, SHORTLIST)
-    if step:
-        values["step"] = {"graph": STEP, "loop": LOOP_GRAPH, **{key: getattr(config, key) for key in STEP_OPTIONS}}
-        names = (*names, STEP, LOOP_GRAPH)
+    values = settings(model, src_dict, tgt_dict, config, int8)
+    values.update(f.setting for f in files if f.setting is not None)
     if preprocessing is not None:
-        codes = preprocessing.bpe_codes and BPE_CODES
-        if codes:
-            shutil.copyfile(preprocessing.bpe_codes, out / codes)
-            names = (*names, codes)
-        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=codes).record()
-    values["files"] = file_digests(out, names)
+        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=preprocessing.bpe_codes and
+                                                      BPE_CODES).record()
+    values["files"] = file_digests(out, (*CHECKED, *(f.name for f in files)))
     (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return out
