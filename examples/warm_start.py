@@ -35,6 +35,14 @@ reused:
 
 Writes OUT/results.json (the ``ar_*`` and ``insertion_*`` rows, the valid choices, each stage, the
 precisions, commands and the machine) and prints its table.
+
+The student tracks its teacher: the distillation and the warm start carry the teacher's quality into the
+insertion model, and every ratio the recipe prints is against this teacher. Give it a Transformer trained to
+the end: its learning rate annealed (a schedule that decays to 0, e.g. ``--lr-scheduler polynomial_decay
+--end-learning-rate 0``, not an inverse square root that never does) and its valid BLEU flat over its last
+stage (decode valid from its last two saved checkpoints; a gain of more than a few tenths says train on). On
+Multi30k the kit's 1,800-update teacher (inverse square root) scores 34.73 on test; the same model annealed
+for 1,800 more updates 37.67, and the insertion models distilled from it start 1.4 BLEU higher.
 """
 
 from __future__ import annotations
