@@ -16,6 +16,8 @@ from benchmarks import harness as H
 from tests.test_warm_start import train_teacher
 from tests.utils import REPO, reverse_data, train_args, train_once
 
+pytestmark = pytest.mark.heavy  # the engines and checkouts benchmarks end to end, many processes: minutes
+
 SENTENCES, THREADS, BATCHES = 5, (1, 2), (1, 4)
 NUMBERS = ("seconds", "sentences_per_s", "passes", "passes_per_sentence", "ms_per_pass", "bleu", "mean_length")
 
