@@ -512,7 +512,8 @@ class Translator:
         """One pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for every open
         slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`)."""
         def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
-            open_slots = L.flat_indices(L.NUMPY, open_)  # (N,) row-major, as torch's masks
+            # (N,) row-major, as torch's masks: L.flat_indices's values in one numpy call, none when all are open
+            open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
             tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
                 "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
                 "k": _ONE})  # (N, 1) x 3, (A, S)
