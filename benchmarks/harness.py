@@ -166,27 +166,24 @@ class Runtime(Engine):
     """The insertion model exported (``precision``: fp32 or int8, ``quantization``: int8's scheme, per-row unless
     given), run by the plugin's runtime; ``scorer``: an
     autoregressive checkpoint exported beside it that orders the ``eos_penalties`` candidates; ``shortlist``: a
-    lexical shortlist table exported with it; ``step_graph`` (True or ``"loop"``): exported with the step and loop
-    graphs and decoded by them (``Translator(step_graph=)``)."""
+    lexical shortlist table exported with it."""
 
     whole_file = True
 
     def __init__(self, system: System, where: Where):
         super().__init__(system, where)
         self.options = {k: v for k, v in system.options.items()
-                        if k not in ("precision", "quantization", "constraints", "scorer", "shortlist", "step_graph")}
+                        if k not in ("precision", "quantization", "constraints", "scorer", "shortlist")}
         self.options.update(max_len_a=where.max_len[0], max_len_b=where.max_len[1])
         self.dir, self.translator = where.work / "export" / system.name, None
         scorer, shortlist = system.options.get("scorer"), system.options.get("shortlist")
-        self.step_graph = system.options.get("step_graph", False)
         int8 = system.options.get("quantization", "per-row") if system.options.get("precision") == "int8" else None
         export(system.checkpoint, where.data_bin, self.dir, int8=int8, config=DecodingConfig(**self.options),
-               scorer=Path(scorer) if scorer else None, shortlist=Path(shortlist) if shortlist else None,
-               step=bool(self.step_graph))
+               scorer=Path(scorer) if scorer else None, shortlist=Path(shortlist) if shortlist else None)
 
     def load(self, threads: int) -> None:
         self.translator = None
-        self.translator = Translator(self.dir, intra_threads=threads, step_graph=self.step_graph)
+        self.translator = Translator(self.dir, intra_threads=threads)
 
     def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None,
                   max_batch_size: int = 0) -> list[Output]:

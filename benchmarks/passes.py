@@ -6,19 +6,12 @@ kernels, and in onnxruntime between them), in the encoder's runs and outside onn
 ``loop.py``, and the runtime's Python). Writes OUT/passes.json and .md.
 
     python -m benchmarks.passes --insertion INS/checkpoint.pt --data-bin KIT/data-bin --out OUT \\
-        [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before] \\
-        [--modes pass step loop]
-
-``--modes``: the runtime's decoding paths measured side by side, alternating round by round: ``pass`` (one
-pass-graph run a pass, the loop in numpy), ``step`` (one step-graph run a pass: the loop's step inside the
-graph, Python keeps the rows that go on) and ``loop`` (one loop-graph run a batch: the whole loop inside
-onnxruntime); with more than one, each row also gives its hypotheses' agreement with the first mode's.
+        [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from collections import Counter
@@ -28,7 +21,7 @@ from . import harness as H
 from . import report as T
 
 TOP = 14  # operators in the table
-SUBGRAPHS = ("Loop", "If")  # nodes whose time holds their subgraphs' kernels
+SUBGRAPHS = ("Loop", "If")  # nodes whose time holds their subgraphs' kernels (the pass graph's first insertions)
 
 
 def graph_profile(events: list[dict]) -> dict:
@@ -45,23 +38,17 @@ def graph_profile(events: list[dict]) -> dict:
             "nodes": len({e["name"] for e in kernels}), "by_op": dict(by_op.most_common())}
 
 
-MODES = {"pass": False, "step": True, "loop": "loop"}  # the runtime's decoding paths (Translator's step_graph)
-
-
 def profiled(engine: H.Runtime, inputs: H.Inputs, batch: int, prefix: Path, threads: int) -> dict:
-    """One decode under onnxruntime's profiler: the shares of its seconds. The decoding graph is the one the
-    engine's mode runs (the pass, step or loop graph)."""
+    """One decode under onnxruntime's profiler: the shares of its seconds."""
     from fairseq_insertion.runtime import Translator
 
-    plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix),
-                                                             step_graph=engine.step_graph)
+    plain, engine.translator = engine.translator, Translator(engine.dir, intra_threads=threads, profile=str(prefix))
     try:  # every batch once, no burn-in: the profiler sees what the clock sees
         _, seconds, passes = H.decode(engine, inputs, H.schedule(inputs.sources, batch), burn_in=False)
         paths = engine.translator.end_profiling()
     finally:
         engine.translator = plain
-    graph = {False: "pass", True: "step", "loop": "loop"}[engine.step_graph]
-    enc, dec = (graph_profile(json.loads(Path(paths[g]).read_text(encoding="utf-8"))) for g in ("encoder", graph))
+    enc, dec = (graph_profile(json.loads(Path(paths[g]).read_text(encoding="utf-8"))) for g in ("encoder", "pass"))
     wall, ops = seconds * 1e6, dec["by_op"].items()
     share = lambda us: round(us / wall, 3)  # noqa: E731
     return {"seconds": round(seconds, 3), "passes": passes, "graph_runs": dec["runs"], "pass_graph_nodes": dec["nodes"],
@@ -78,41 +65,33 @@ def measure(args: argparse.Namespace, results: dict) -> None:
     inputs = H.inputs(args.data_bin, "test", n=args.sentences)
     for precision in args.precisions:
         options = {"decoding": "parallel", "precision": precision, "eos_penalty": args.eos_penalty, **H.REPETITION}
-        exported = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime",
-                                      {**options, "step_graph": True}), where)  # one export serves every mode
-        engines = {mode: copy.copy(exported) for mode in args.modes}
-        for mode, engine in engines.items():
-            engine.step_graph = MODES[mode]
-            engine.load(args.threads)
+        engine = H.Runtime(H.System(f"insertion_runtime_{precision}", args.insertion, "runtime", options), where)
+        engine.load(args.threads)
         for batch in args.batches:
-            timed_by_mode = H.rounds(engines, inputs, batch, args.rounds)  # alternating round by round
-            first = [o.tokens for o in timed_by_mode[args.modes[0]].outputs]
-            for mode, timed in timed_by_mode.items():
-                seconds = sorted(timed.seconds)[len(timed.seconds) // 2]
-                prefix = args.out / "traces" / f"{args.label}_{mode}_{precision}_batch{batch}"
-                prefix.parent.mkdir(parents=True, exist_ok=True)
-                results["rows"].append({
-                    "label": args.label, "mode": mode, "precision": precision, "batch": batch,
-                    "seconds": round(seconds, 3), "seconds_by_round": [round(x, 3) for x in timed.seconds],
-                    "passes": timed.passes, "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
-                    "passes_per_sentence": round(timed.passes / len(inputs.sources), 3),
-                    "same_as_first_mode": sum(o.tokens == f for o, f in zip(timed.outputs, first)),
-                    "mean_length": sum(len(o.tokens) for o in timed.outputs) / len(timed.outputs),
-                    "profiled": profiled(engines[mode], inputs, batch, prefix, args.threads)})
+            timed = H.rounds({"runtime": engine}, inputs, batch, args.rounds)["runtime"]
+            seconds = sorted(timed.seconds)[len(timed.seconds) // 2]
+            prefix = args.out / "traces" / f"{args.label}_{precision}_batch{batch}"
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            results["rows"].append({
+                "label": args.label, "precision": precision, "batch": batch,
+                "seconds": round(seconds, 3), "seconds_by_round": [round(x, 3) for x in timed.seconds],
+                "passes": timed.passes, "ms_per_pass": round(1000 * seconds / max(timed.passes, 1), 3),
+                "passes_per_sentence": round(timed.passes / len(inputs.sources), 3),
+                "mean_length": sum(len(o.tokens) for o in timed.outputs) / len(timed.outputs),
+                "profiled": profiled(engine, inputs, batch, prefix, args.threads)})
 
 
 def markdown(results: dict) -> str:
     C = T.Column
     rows = results["rows"]
-    columns = [*T.keyed("label", "mode", "precision", "batch", "seconds", "ms_per_pass", "passes_per_sentence",
-                        "same_as_first_mode"),
+    columns = [*T.keyed("label", "precision", "batch", "seconds", "ms_per_pass", "passes_per_sentence"),
                C("pass graph nodes", lambda r: r["profiled"]["pass_graph_nodes"]),
                *(C(title, lambda r, k=k: f"{100 * r['profiled'][k]:.0f}%") for title, k in (
                    ("pass kernels", "share_pass_kernels"), ("pass, between kernels", "share_pass_between_kernels"),
                    ("encoder", "share_encoder"), ("outside onnxruntime (numpy loop)", "share_outside_onnxruntime")))]
     ops = sorted({op for r in rows for op in r["profiled"]["pass_kernel_share_by_op"]},
                  key=lambda op: -max(r["profiled"]["pass_kernel_share_by_op"].get(op, 0) for r in rows))[:TOP]
-    op_columns = [C("operator", lambda o: o["op"]), *(C(f"{r['mode']} {r['precision']} b{r['batch']}",
+    op_columns = [C("operator", lambda o: o["op"]), *(C(f"{r['precision']} b{r['batch']}",
                                                         lambda o, r=r: r["profiled"]["pass_kernel_us_per_pass_by_op"]
                                                         .get(o["op"]), 1) for r in rows)]
     version = results["versions"].get("onnxruntime")
@@ -128,8 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = T.parser("benchmarks.passes", __doc__, insertion=None, data_bin=None, eos_penalty=3.5, sentences=200,
                  batches=[1, 128], precisions=["fp32", "int8"], threads=1)
     p.add_argument("--label", default="now", help="the rows' label (the code measured)")
-    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=["pass"],
-                   help="the runtime's decoding paths, alternated round by round (default: pass)")
     return p
 
 

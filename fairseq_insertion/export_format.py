@@ -7,8 +7,7 @@ a missing or empty file; a file whose size or sha256 differs from the one ``sett
 records (exports written before the export recorded them have no such record and are not
 checked this way); ``settings.json`` that is not JSON, lacks a key, has a key of the wrong type or
 out of its range, or an unknown key under ``decoding`` or ``preprocessing``; a ``preprocessing`` record
-whose codes file is not a file of the export; a ``step`` record (the step and loop graphs, optional) with other
-keys, files or option values; a vocabulary file that is not UTF-8 or is
+whose codes file is not a file of the export; a vocabulary file that is not UTF-8 or is
 cut short; a graph whose inputs and outputs are not the export's, or whose
 vocabulary size (the graph's metadata) or decoder layers differ from the vocabulary files' and
 settings'. Standard library only (the graphs are read by the caller's onnxruntime sessions).
@@ -30,10 +29,6 @@ FORMAT_VERSION = 3
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates (export --rerank-with), optional
 SHORTLIST = "shortlist.npz"  # the lexical shortlist table (export --shortlist), optional: the graphs then take lists
-STEP = "step.onnx"  # a whole decoding pass from the loop's state to the next (export --step-graph), optional
-LOOP_GRAPH = "loop.onnx"  # a batch's whole decoding loop, the step the body of an ONNX Loop (with the step graph)
-# the decoding options a step graph is built for (settings.json's ``step`` records them); the others are its inputs
-STEP_OPTIONS = ("decoding", "block_neighbour_copies", "no_repeat_ngram_size", "close_ended_slots")
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
@@ -51,24 +46,10 @@ def source_names(layers: int) -> Tuple[str, ...]:
     return (*(f"keys_{i}" for i in range(layers)), *(f"values_{i}" for i in range(layers)))
 
 
-def step_io(layers: int, closes: bool, whole: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """The step graph's inputs and outputs: the active rows' state, the iteration bound and the source side, ->
-    the state after the pass and which rows go on; ``closes``: with close-ended slots (the closed slots in and
-    out). ``whole``: the loop graph's: the rows' state (their ``final_eos`` too), the ``max_iterations`` option and
-    the source side -> every row's final state and the passes run."""
-    closed = ("closed_before", "closed_end") if closes else ()
-    state = ("canvas", "scores", "lengths", "iterations", *(("final_eos",) if whole else ()), "max_len", "eos_penalty",
-             "max_iterations", *closed, *source_names(layers), "src_mask")
-    if whole:
-        return state, ("next_canvas", "next_scores", "next_lengths", "next_iterations", "next_final_eos", "passes")
-    return state, ("next_canvas", "next_scores", "next_lengths", "next_iterations", "final_eos", "keep", "n_keep",
-                   "kept_width", *(f"next_{name}" for name in closed))
-
-
 def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them;
     ``shortlisted``: exported with a shortlist (each sentence's list (B, L) and its rows of the vocabulary
-    projection (B, L, C), which the encoder gathers once). The step graph's: :func:`step_io`."""
+    projection (B, L, C), which the encoder gathers once)."""
     listed = ("shortlist",) if shortlisted else ()
     if name == ENCODER:
         return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))
@@ -181,34 +162,6 @@ def check_scorer(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]
 def check_shortlist(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
     """``shortlist``: the shortlist table's file (none when the key is absent), there and not empty."""
     return _optional_file(settings, model_dir, "shortlist", SHORTLIST)
-
-
-def check_step(settings: Mapping[str, Any], model_dir: Path) -> Optional[Tuple[Path, Path, Dict[str, Any]]]:
-    """``step``: the step and loop graphs' files and the decoding options they were built for (none when the key is
-    absent): ``{"graph": "step.onnx", "loop": "loop.onnx", "decoding": ..., "block_neighbour_copies": ...,
-    "no_repeat_ngram_size": ..., "close_ended_slots": ...}``, each option of its field's type and checked by
-    DecodingConfig, the files there and not empty."""
-    record = settings.get("step")
-    if record is None:
-        return None
-    where = Where(model_dir / SETTINGS)
-    where.expect(isinstance(record, dict), "step", f"must be an object, got {type(record).__name__}")
-    keys = ("graph", "loop", *STEP_OPTIONS)
-    where.expect(set(record) == set(keys), "step", f"must have the keys {list(keys)}, got {sorted(record)}")
-    for key, name in (("graph", STEP), ("loop", LOOP_GRAPH)):
-        where.expect(record[key] == name, f"step.{key}", f"must be {name!r}, got {record[key]!r}")
-        if not (model_dir / name).is_file() or (model_dir / name).stat().st_size == 0:
-            raise TranslatorError(f"{model_dir / name}: missing or empty ({model_dir / SETTINGS} records it as "
-                                  f"step.{key}: export again)")
-    defaults = DecodingConfig()
-    for key in STEP_OPTIONS:
-        kind = type(getattr(defaults, key))
-        where.expect(_json_type(record[key], kind), f"step.{key}", f"must be {JSON_TYPES[kind]}, got {record[key]!r}")
-    try:
-        config = DecodingConfig(**{key: record[key] for key in STEP_OPTIONS})
-    except DecodingError as exc:
-        raise TranslatorError(f"{model_dir / SETTINGS}: {exc.keyed('step.')}") from None
-    return model_dir / STEP, model_dir / LOOP_GRAPH, {key: getattr(config, key) for key in STEP_OPTIONS}
 
 
 def _optional_file(settings: Mapping[str, Any], model_dir: Path, key: str, expected: str) -> Optional[Path]:
@@ -335,22 +288,6 @@ def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = Fa
     if have != (inputs, outputs):
         raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
                               f"{path.name} has {list(inputs)} and {list(outputs)}")
-
-
-def check_step_graph(model_dir: Path, session: Any, layers: int, closes: bool, target_size: int,
-                     whole: bool = False) -> None:
-    """The step graph's (``whole``: the loop graph's) inputs and outputs are the export's (:func:`step_io`) and its
-    vocabulary the target's."""
-    path = model_dir / (LOOP_GRAPH if whole else STEP)
-    inputs, outputs = step_io(layers, closes, whole)
-    have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
-    if have != (inputs, outputs):
-        raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
-                              f"{path.name} has {list(inputs)} and {list(outputs)}")
-    recorded = session.get_modelmeta().custom_metadata_map.get("vocab_size")
-    if recorded is not None and recorded != str(target_size):
-        raise TranslatorError(f"{path}: a target vocabulary of {recorded} symbols, {model_dir / VOCABS['target']} "
-                              f"has {target_size}: the files come from different exports")
 
 
 def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int],

@@ -217,10 +217,8 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
     if neighbours:
         columns.append(xp.concat([framed[:, :-1, None], framed[:, 1:, None]], -1))  # (B, S, 2)
     n = int(ngram)
-    static = isinstance(W, int)  # a graph's width may be symbolic: then J = W - n + 1 may be 0 (no window)
-    if n >= 2 and (not static or W >= n):  # every offset i of the inserted token in the n-gram at once
-        geometry = _ngram_geometry(W, n) if static else _ngram_geometry_over(xp, W, n, framed)
-        context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in geometry)
+    if n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
+        context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in _ngram_geometry(W, n))
         real = framed != pad
         ext = xp.full((B, W + 2 * n - 2), -1, like=framed)  # the framed canvas, -1 outside it
         ext[:, n - 1:n - 1 + W] = xp.where(real, framed, -1)
@@ -241,19 +239,14 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
 
 @functools.lru_cache(maxsize=256)
 def _ngram_geometry(W: int, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_ngram_geometry_over` in numpy, for a static width (cached)."""
-    return _ngram_geometry_over(NUMPY, W, n, None)
-
-
-def _ngram_geometry_over(xp: Ops, W: Any, n: int, like: Array) -> Tuple[Array, Array, Array, Array]:
-    """Index arrays of :func:`repeated_tokens` for framed width W and n-grams: the columns (of the framed
+    """Index arrays of :func:`repeated_tokens` for framed width W and n-grams (cached): the columns (of the framed
     canvas padded by n-1 on each side) holding slot l's context at offset i, framed columns
     l-i+1 .. l-i+n-1 (n, S, n-1); the columns of each window without its offset i (n, J, n-1) and at it
     (n, J); and which windows survive an insertion into each slot (S, J): those not spanning it."""
     S, J = W - 1, W - n + 1
-    slot, start, offset = xp.arange(S, like=like), xp.arange(J, like=like), xp.arange(n, like=like)
-    others = xp.asarray(np.asarray([[j for j in range(n) if j != i] for i in range(n)]), like=like)  # (n, n-1)
-    context = (slot[None, :] - offset[:, None])[:, :, None] + xp.arange(n - 1, like=like)[None, None, :] + n
+    slot, start, offset = np.arange(S), np.arange(J), np.arange(n)
+    others = np.asarray([[j for j in range(n) if j != i] for i in range(n)])  # (n, n-1)
+    context = (slot[None, :] - offset[:, None])[:, :, None] + np.arange(n - 1)[None, None, :] + n
     rest = start[None, :, None] + others[:, None, :]  # (n, J, n-1)
     token = start[None, :] + offset[:, None]  # (n, J)
     spans = (start[None, :] <= slot[:, None]) & (start[None, :] >= slot[:, None] - n + 2)  # (S, J)
@@ -494,13 +487,6 @@ def open_slots(xp: Ops, state: Canvases, num_slots: int) -> Array:
     return real & ~closed_slots(xp, state.closed_before, state.closed_end, state.lengths, num_slots)
 
 
-def flat_indices(xp: Ops, mask: Array) -> Array:
-    """(N,) the row-major flat indices of the True entries of ``mask`` (A, S): the open slots as the pass graph
-    takes them."""
-    A, S = mask.shape
-    return (xp.arange(A, like=mask)[:, None] * S + xp.arange(S, like=mask)[None, :])[mask]
-
-
 def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_probs: Array, location: Array,
                 eos: int, sequence: bool) -> SlotScores:
     """A pass's :class:`SlotScores` from the model's values at the open slots (N,), row-major: the best
@@ -551,8 +537,7 @@ def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, config: D
     if config.block_neighbour_copies or config.no_repeat_ngram_size:
         repeats = repeated_tokens(xp, framed, config.no_repeat_ngram_size, config.block_neighbour_copies, (bos, eos),
                                   pad)  # (A, S, M)
-        M = repeats.shape[2]  # a graph's may be symbolic: zero columns then block nothing
-        blocked = repeats[open_] if not isinstance(M, int) or M else None  # (N, M)
+        blocked = repeats[open_] if repeats.shape[2] else None  # (N, M); zero columns block nothing
     penalty = config.betas[0] if state.eos_penalty is None else \
         xp.where(open_, state.eos_penalty[:, None], 0.0)[open_]  # (N,)
     listed = {}
@@ -638,10 +623,7 @@ def _one_hot(xp: Ops, index: Array, like: Array) -> Array:
 
 # ---------------------------------------------------------------- the loop
 class Backend(Protocol):
-    """The model's side of the loop: its arrays and one pass. A backend may also have ``advance``
-    (:data:`Advance`): the whole pass at once (prediction, step rule and step, e.g. one graph run), used instead
-    of :func:`predict_and_step`; or ``run_loop`` (:data:`Loop`): the whole of :func:`run` at once (e.g. one graph
-    run; not when the canvases' history is recorded)."""
+    """The model's side of the loop: its arrays and one pass."""
 
     xp: Ops
 
@@ -681,15 +663,13 @@ log p(l) (A, S)."""
 
 
 def predict(xp: Ops, state: Canvases, bounds: Bounds, config: DecodingConfig, joins_next: Optional[Array], bos: int,
-            score: ScoreSlots, active: Optional[Array] = None) -> SlotScores:
+            score: ScoreSlots) -> SlotScores:
     """One pass's :class:`SlotScores`, the sequence around the model that every backend runs: the framed canvases,
-    their open slots (``active`` (A,): only those rows'), the slots' inputs to the slot rule
+    their open slots, the slots' inputs to the slot rule
     (:func:`slot_inputs`: ``config``'s repetition rules and betas, ``joins_next`` (V,) for the word-edge rule),
     the backend's ``score`` and :func:`slot_scores`."""
     framed = frame(xp, state.tokens, state.lengths, bos, bounds.eos, bounds.pad)  # (A, K + 2)
     open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
-    if active is not None:
-        open_ = open_ & active[:, None]
     inputs = slot_inputs(xp, state, framed, open_, config, bounds.sequence, joins_next, bos, bounds.eos, bounds.pad)
     tokens, log_probs, eos_log_probs, location = score(framed, open_, inputs)  # (N,) each, (A, S)
     return slot_scores(xp, open_, tokens, log_probs, eos_log_probs, location, bounds.eos, bounds.sequence)
@@ -705,8 +685,6 @@ class Pass(NamedTuple):
 
 
 Record = Callable[[Canvases, Array], None]
-Advance = Callable[[Canvases, Any, int], Pass]  # (state, memory, the iteration bound) -> the state after one pass
-Loop = Callable[[Canvases, Any, Bounds], Tuple[Canvases, int]]  # (state, memory, bounds) -> what run returns
 
 
 def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
@@ -730,9 +708,6 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     the batch. Closed slots never receive an insertion and count as finished. ``record(state,
     inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
     row, in batch order, and the number of forward passes."""
-    whole: Optional[Loop] = getattr(backend, "run_loop", None)
-    if whole is not None and record is None:
-        return whole(state, memory, bounds)
     xp = backend.xp
     B, K = state.tokens.shape
     start, rooms = starting(xp, state)  # (B,) each
@@ -741,12 +716,11 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
     max_iter = bounds.max_iterations or room
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
-    advance: Advance = getattr(backend, "advance", None) or functools.partial(predict_and_step, backend, bounds)
     passes = 0
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
-        after = advance(state, memory, max_iter)
+        after = predict_and_step(backend, bounds, state, memory, max_iter)
         passes += 1
         if record is not None:
             record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token

@@ -1,7 +1,7 @@
 """int8 graphs whose translations do not depend on their batch: per-row activation scales.
 
-:func:`per_row` rewrites an exported fp32 graph (``encoder.onnx``, ``pass.onnx``, ``scorer.onnx``, the step and
-loop graphs, a ``Loop``'s body included) so that every product by a weight matrix runs in int8:
+:func:`per_row` rewrites an exported fp32 graph (``encoder.onnx``, ``pass.onnx``, ``scorer.onnx``; the branches of
+an ``If`` included) so that every product by a weight matrix runs in int8:
 
 * the weight: int8 in 7 bits (:data:`WEIGHT_LEVELS`), one scale per output column (symmetric: max |w| / 63);
 * the activation x (..., K): uint8, one scale per row (each position of each sentence) computed from that row
@@ -142,7 +142,7 @@ def _live(nodes: List["onnx.NodeProto"], outputs: set) -> List["onnx.NodeProto"]
 
 
 def _subgraph_reads(nodes) -> set:
-    """The names the graphs nested in ``nodes`` read (a Loop's body reads the outer graph's values by name)."""
+    """The names the graphs nested in ``nodes`` read (a subgraph reads the outer graph's values by name)."""
     names = set()
     for node in nodes:
         for attribute in node.attribute:
@@ -153,7 +153,7 @@ def _subgraph_reads(nodes) -> set:
 
 
 def graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:
-    """``graph`` and the graphs nested in its nodes (a ``Loop``'s body, an ``If``'s branches), depth first."""
+    """``graph`` and the graphs nested in its nodes (an ``If``'s branches), depth first."""
     yield graph
     for node in graph.node:
         for attribute in node.attribute:

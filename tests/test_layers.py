@@ -1,18 +1,14 @@
-"""The package's modules import one another one way only, down this order:
-config (decoding options, standard library only) <- loop (the decoding loop of both backends,
-numpy only) <- slots (the slot rule: its torch and graph applications, numpy only) <- graph_ops (the loop's
-functions emitted as ONNX nodes: numpy and onnx only) <- quantization (int8 graphs with per-row scales: numpy and
-onnx only) <- preprocess
-(raw text, standard library until a line is prepared) <- export_format (the exported files, standard library)
-<- runtime (the deployment subpackage) <- decoding (torch's arrays for the loop) <- canvas (training),
-precision, fairseq_fixes, constraints, shortlist (the lexical shortlist table from a data-bin) <- weights (the
-decoder's weights as inference reads them) <- fast_decoder,
-checkpoints, hub_interface <- model <- criterion, generator, rerank <- task <- hub <- export (ONNX) <- the package
-<- __main__ (the option listing);
-visualize (it reads fairseq-generate output) imports none of them; the runtime imports
-config, loop, preprocess and export_format alone (tests/test_runtime.py). Checked statically
-(importing a submodule runs the package's ``__init__``, which imports them all), imports
-inside functions included."""
+"""The package's modules import one another one way only, down this order: config (decoding options, standard library
+only) <- loop (the decoding loop of both backends, numpy only) <- slots (the slot rule: its torch and graph
+applications, numpy only) <- quantization (int8 graphs with per-row scales: numpy and onnx only) <- preprocess (raw
+text, standard library until a line is prepared) <- export_format (the exported files, standard library) <- runtime
+(the deployment subpackage) <- decoding (torch's arrays for the loop) <- canvas (training), precision,
+fairseq_fixes, constraints, shortlist (the lexical shortlist table from a data-bin) <- weights (the decoder's
+weights as inference reads them) <- fast_decoder, checkpoints, hub_interface <- model <- criterion, generator,
+rerank <- task <- hub <- export (ONNX) <- the package <- __main__ (the option listing); visualize (it reads
+fairseq-generate output) imports none of them; the runtime imports config, loop, preprocess and export_format alone
+(tests/test_runtime.py). Checked statically (importing a submodule runs the package's ``__init__``, which imports
+them all), imports inside functions included."""
 
 import ast
 from pathlib import Path
@@ -20,7 +16,7 @@ from typing import Dict, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
-LAYERS = ["config", "loop", "slots", "graph_ops", "quantization", "preprocess", "export_format", "runtime", "decoding",
+LAYERS = ["config", "loop", "slots", "quantization", "preprocess", "export_format", "runtime", "decoding",
           "canvas", "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "weights", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]

@@ -112,9 +112,9 @@ def test_the_torch_loop_makes_one_host_round_trip_a_pass(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_predict_scores_the_open_slots_of_the_active_rows(backend):
-    """loop.predict hands the backend's scorer the framed canvases, the open slots (only the active rows') and
-    their slot-rule inputs, and builds the slot scores from what it returns."""
+def test_predict_scores_the_open_slots(backend):
+    """loop.predict hands the backend's scorer the framed canvases, the open slots and their slot-rule inputs,
+    and builds the slot scores from what it returns (a padding slot stays shut)."""
     xp, wrap = BACKENDS[backend]
     state = L.Canvases(rows=wrap(np.arange(2)), tokens=wrap(np.asarray([[5, 6], [7, PAD]], np.int64)),
                        scores=wrap(np.zeros((2, 2), np.float32)), closed_before=None,
@@ -131,9 +131,10 @@ def test_predict_scores_the_open_slots_of_the_active_rows(backend):
         return (wrap(np.arange(10, 10 + n, dtype=np.int64)), wrap(np.full(n, -1.0, np.float32)),
                 wrap(np.full(n, -2.0, np.float32)), wrap(np.zeros((2, 3), np.float32)))
 
-    p = L.predict(xp, state, bounds, config, None, BOS, score, active=wrap(np.asarray([True, False])))
+    p = L.predict(xp, state, bounds, config, None, BOS, score)
     assert seen["framed"].tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
-    assert seen["open"].tolist() == [[True, True, True], [False, False, False]]
-    assert seen["blocked"][:, :2].tolist() == [[PAD, 5], [5, 6], [6, PAD]]  # each slot's neighbours, bos/eos not
-    assert np.asarray(p.tokens).tolist() == [[10, 11, 12], [EOS, EOS, EOS]]
-    assert np.asarray(p.log_probs).tolist() == [[-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]]
+    assert seen["open"].tolist() == [[True, True, True], [True, True, False]]
+    # each open slot's neighbours, row-major, bos and eos not
+    assert seen["blocked"][:, :2].tolist() == [[PAD, 5], [5, 6], [6, PAD], [PAD, 7], [7, PAD]]
+    assert np.asarray(p.tokens).tolist() == [[10, 11, 12], [13, 14, EOS]]
+    assert np.asarray(p.log_probs).tolist() == [[-1.0, -1.0, -1.0], [-1.0, -1.0, 0.0]]

@@ -1,6 +1,6 @@
 """Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
 
-    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8 [dynamic]] [--step-graph] \
+    python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8 [dynamic]] \
         [decoding options] [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
 
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
@@ -16,10 +16,6 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   its end-of-slot log-probability (N, 1), and log p(l)
   of every slot (A, T+1). Only the open slots go through the vocabulary projection, and no (N, V) table
   leaves the graph;
-* ``step.onnx`` and ``loop.onnx``, with ``--step-graph``: a whole decoding pass from the active canvases to the
-  next ones (:func:`step_graph`: the loop's own functions of :mod:`fairseq_insertion.loop` emitted as nodes around
-  the pass, for the decoding and repetition options given here), and that step as the body of an ONNX ``Loop`` that
-  decodes a batch in one run (:func:`loop_graph`); unconstrained decoding without a shortlist;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
 * ``settings.json``: the model's ids and sizes, the decoding's options
   (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here) and the size and
@@ -48,7 +44,6 @@ from .cli import build_parser, main
 from .files import export, export_model, load, load_scorer
 from .graph import ExportError, Graph
 from .layers import encoder_graph, pass_graph, scorer_graph
-from .loops import loop_graph, step_graph
 
 __all__ = ["ExportError", "Graph", "build_parser", "encoder_graph", "export", "export_model", "load", "load_scorer",
-           "loop_graph", "main", "pass_graph", "scorer_graph", "step_graph"]
+           "main", "pass_graph", "scorer_graph"]

@@ -9,12 +9,7 @@ from typing import Optional, Sequence
 
 from .. import preprocess as P
 from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
-from ..export_format import (
-    LOOP_GRAPH,
-    QUANTIZATIONS,
-    SHORTLIST,
-    STEP,
-)
+from ..export_format import QUANTIZATIONS, SHORTLIST
 from .files import export, recorded_preprocessing
 from .graph import ExportError
 
@@ -36,10 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shortlist", type=Path, default=None, metavar="TABLE",
                    help="a lexical shortlist table (python -m fairseq_insertion.shortlist), exported as "
                    f"{SHORTLIST}: each sentence's slots choose among its list only")
-    p.add_argument("--step-graph", action="store_true",
-                   help=f"also {STEP} (a whole decoding pass, from the canvases to the next, in one graph run) and "
-                   f"{LOOP_GRAPH} (a batch's whole decode in one run), for the decoding options given here "
-                   "(Translator(..., step_graph=True or 'loop') uses them)")
     add_runtime_arguments(p.add_argument_group("decoding (the runtime's defaults; DecodingConfig's when not given)"))
     P.add_arguments(p.add_argument_group("raw text (how it was prepared for the model, recorded for the runtime)"),
                     f"--data's {P.RECORD} when it has one")
@@ -54,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
         out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
-                     args.shortlist, args.step_graph)
+                     args.shortlist)
     except (ExportError, DecodingError, P.PreprocessError) as exc:
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2

@@ -19,15 +19,12 @@ from ..export_format import (
     CHECKED,
     ENCODER,
     FORMAT_VERSION,
-    LOOP_GRAPH,
     PASS,
     QUANTIZATIONS,
     SCORER,
     SETTINGS,
     SHORTLIST,
     SPECIAL_IDS,
-    STEP,
-    STEP_OPTIONS,
     VOCABS,
     file_digests,
 )
@@ -35,7 +32,6 @@ from ..fast_decoder import cacheable
 from ..slots import Shortlist
 from .graph import ExportError
 from .layers import encoder_graph, pass_graph, scorer_graph
-from .loops import loop_graph, step_graph
 from .quantize import quantize
 
 
@@ -115,13 +111,14 @@ class ExportFile(NamedTuple):
     setting: Optional[Tuple[str, Any]] = None
 
 
-OPTIONAL_FILES = (SCORER, SHORTLIST, STEP, LOOP_GRAPH, BPE_CODES)  # a previous export's are removed
+# a previous export's are removed (and the step and loop graphs earlier versions wrote, which nothing reads)
+OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, "step.onnx", "loop.onnx")
 
 
-def optional_files(model: nn.Module, config: DecodingConfig, scorer: Optional[nn.Module],
-                   shortlist: Optional[Shortlist], step: bool, codes: Optional[str]) -> List[ExportFile]:
+def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist], codes: Optional[str]
+                   ) -> List[ExportFile]:
     """The optional files of an export, in the order ``settings.json`` lists them: the scorer's graph, the
-    shortlist, the step and loop graphs, the preprocessing's BPE codes (``codes``: their path)."""
+    shortlist, the preprocessing's BPE codes (``codes``: their path)."""
     def graph(build: Callable[[], "onnx.ModelProto"], name: str) -> Callable[[Path], None]:
         def write(out: Path) -> None:
             with torch.no_grad():
@@ -135,10 +132,6 @@ def optional_files(model: nn.Module, config: DecodingConfig, scorer: Optional[nn
     if shortlist is not None:
         files.append(ExportFile(SHORTLIST, lambda out: shortlist.save(out / SHORTLIST), False,
                                 ("shortlist", SHORTLIST)))
-    if step:
-        files += [ExportFile(STEP, graph(lambda: step_graph(model, config), STEP), True, ("step", {
-                      "graph": STEP, "loop": LOOP_GRAPH, **{key: getattr(config, key) for key in STEP_OPTIONS}})),
-                  ExportFile(LOOP_GRAPH, graph(lambda: loop_graph(model, config), LOOP_GRAPH), True)]
     if codes:
         files.append(ExportFile(BPE_CODES, lambda out: shutil.copyfile(codes, out / BPE_CODES)))
     return files
@@ -165,12 +158,12 @@ def load_scorer(path: Path, task) -> nn.Module:
 
 def export(path: Path, data: Path, out: Path, int8: Optional[str] = None, config: Optional[DecodingConfig] = None,
            preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
-           shortlist: Optional[Path] = None, step: bool = False) -> Path:
+           shortlist: Optional[Path] = None) -> Path:
     """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
     ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
     checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
-    ``python -m fairseq_insertion.shortlist``), if given; ``step``: also the step and loop graphs (:func:`step_graph`,
-    :func:`loop_graph`); ``int8``: the products in int8 with that scheme (:func:`quantize`; None: fp32)."""
+    ``python -m fairseq_insertion.shortlist``), if given; ``int8``: the products in int8 with that scheme
+    (:func:`quantize`; None: fp32)."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
@@ -183,18 +176,17 @@ def export(path: Path, data: Path, out: Path, int8: Optional[str] = None, config
         except ValueError as exc:
             raise ExportError(f"--shortlist: {exc}") from None
     return export_model(model, task.source_dictionary, task.target_dictionary, out, int8, config, preprocessing,
-                        teacher, table, step)
+                        teacher, table)
 
 
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional[str] = None,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
-                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None, step: bool = False) -> Path:
+                 scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None) -> Path:
     """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``int8``: the products in int8,
     ``per-row`` or ``dynamic`` (:func:`quantize`; None: fp32); ``preprocessing``: how raw text was prepared for it
     (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive transformer of the same
     dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the lexical shortlist its slots
-    choose from (``shortlist.npz``, the graphs then take each sentence's list); ``step``: also the step and loop
-    graphs for ``config``'s decoding (``step.onnx``, :func:`step_graph`; ``loop.onnx``, :func:`loop_graph`)."""
+    choose from (``shortlist.npz``, the graphs then take each sentence's list)."""
     config = config or DecodingConfig()
     if int8 is not None and int8 not in QUANTIZATIONS:
         raise ExportError(f"--int8 {int8}: expected one of {list(QUANTIZATIONS)}")
@@ -207,11 +199,9 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional
                                                                                            len(src_dict)):
         raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
                           f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
-    if step and shortlist is not None:
-        raise ExportError("the step graph covers decoding without a shortlist: export it without --shortlist")
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out, shortlist is not None)
-    files = optional_files(model, config, scorer, shortlist, step, preprocessing and preprocessing.bpe_codes)
+    files = optional_files(scorer, shortlist, preprocessing and preprocessing.bpe_codes)
     for name in OPTIONAL_FILES:
         (out / name).unlink(missing_ok=True)
     for f in files:

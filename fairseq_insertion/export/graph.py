@@ -49,25 +49,15 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
 
-    def mark(self) -> Tuple[int, int]:
-        """Where the nodes and constants added from now on begin (:meth:`cut` moves them into a subgraph)."""
-        return len(self.nodes), len(self.initializers)
-
-    def cut(self, mark: Tuple[int, int], name: str, inputs: list, outputs: list) -> "onnx.GraphProto":
-        """The nodes and constants added since ``mark``, moved out of this graph into a subgraph (a ``Loop``'s body,
-        an ``If``'s branch) with these inputs and outputs; it reads the outer graph's values by name."""
-        nodes, initializers = mark
-        graph = helper.make_graph(self.nodes[nodes:], name, inputs, outputs, self.initializers[initializers:])
-        del self.nodes[nodes:], self.initializers[initializers:]
-        return graph
-
     def branch(self, name: str, build: Callable[[], Sequence[Tuple[str, Any]]]) -> "onnx.GraphProto":
         """The nodes and constants ``build`` adds, as an ``If``'s branch whose outputs are the (value, numpy element
-        type) pairs it returns."""
-        mark = self.mark()
+        type) pairs it returns; it reads the outer graph's values by name."""
+        nodes, initializers = len(self.nodes), len(self.initializers)
         outputs = [helper.make_tensor_value_info(value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
                    for value, dtype in build()]
-        return self.cut(mark, name, [], outputs)
+        graph = helper.make_graph(self.nodes[nodes:], name, [], outputs, self.initializers[initializers:])
+        del self.nodes[nodes:], self.initializers[initializers:]  # moved into the branch
+        return graph
 
     def model(self, inputs: list, outputs: list, vocab_size: int) -> "onnx.ModelProto":
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)

@@ -39,7 +39,7 @@ def _dynamic(out: Path, name: str) -> None:
     """onnxruntime's dynamic quantization of the graph ``name``, in place (int8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    nested = list(graphs(onnx.load(str(out / name)).graph))  # a Loop's body too
+    nested = list(graphs(onnx.load(str(out / name)).graph))  # an If's branches too
     dims = {w.name: w.dims for graph in nested for w in graph.initializer}
     # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
     # one-column location query (quantizing its input would cost more than the product) stay fp32
@@ -56,9 +56,9 @@ def _dynamic(out: Path, name: str) -> None:
 
 
 def _typed_casts(path: Path) -> None:
-    """In a Loop's body the quantizer cannot infer the type of some products (those of the fused attention's
-    output) and leaves the Cast of their int32 result untyped: float, the type DefaultTensorType gives them in a
-    graph's top level."""
+    """In a subgraph (an If's branch) the quantizer cannot infer the type of some products (those of the fused
+    attention's output) and leaves the Cast of their int32 result untyped: float, the type DefaultTensorType gives
+    them in a graph's top level."""
     model = onnx.load(str(path))
     for graph in graphs(model.graph):
         for node in graph.node:

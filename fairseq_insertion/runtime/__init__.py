@@ -35,13 +35,10 @@ PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fai
 Constraints longer than a sentence's length limit give it an empty translation, with a warning naming
 the input (the rest of the batch is translated); an empty source line is decoded from its constraints.
 
-The step graph: an export made with ``--step-graph`` also holds ``step.onnx``, a whole decoding pass from the
-active canvases to the next ones, the loop's own step emitted into the graph (``export.step_graph``), and
-``loop.onnx``, that step as the body of an ONNX ``Loop`` (``export.loop_graph``: finished sentences stay in the batch
-and insert nothing). ``Translator(DIR, step_graph=True)`` runs the step graph once per pass for the calls it covers
-(the decoding options it was exported for, unconstrained, without a shortlist), leaving to numpy only the dropping of
-finished sentences; ``step_graph="loop"`` decodes each such batch in one run of the loop graph. Other calls take the
-pass graph. All give the same translations.
+One path decodes every call: the encoder graph once a batch, then the pass graph (``pass.onnx``) once a pass over
+the open slots of the active canvases, the loop's bookkeeping in numpy between passes (:func:`fairseq_insertion.
+loop.run`: finished sentences leave the batch, the canvases are trimmed to the longest active one). An export made
+by an earlier version with ``--step-graph`` still loads; its ``step.onnx`` and ``loop.onnx`` are not read.
 
 An export is checked when it is loaded (:mod:`fairseq_insertion.export_format`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
@@ -131,42 +128,16 @@ class Passes:
         return None if t._scorer is None else t._score(self.src, tokens, lengths, per_source)
 
 
-@dataclass(frozen=True)
-class Steps(Passes):
-    """:class:`Passes` whose every pass is one run of the step graph (``step.onnx``): from the active rows' state to
-    the next and the rows that go on (``advance``, which :func:`fairseq_insertion.loop.run` calls)."""
-
-    def advance(self, state: Canvases, source: Source, max_iter: int) -> L.Pass:
-        return self.translator._advance(state, source, max_iter, self.opts)
-
-
-@dataclass(frozen=True)
-class Looped(Passes):
-    """:class:`Passes` whose whole loop is one run of the loop graph (``loop.onnx``; ``run_loop``, which
-    :func:`fairseq_insertion.loop.run` calls)."""
-
-    def run_loop(self, state: Canvases, source: Source, bounds: L.Bounds) -> Tuple[Canvases, int]:
-        return self.translator._run_loop(state, source, self.opts)
-
-
-PATHS = {"pass": Passes, "step": Steps, "loop": Looped}
-"""The runtime's ways to decode a batch: one run of the pass graph a pass, of the step graph a pass, or of the loop
-graph a batch (:meth:`Translator._path` chooses)."""
-
-
 class Translator:
     """An exported insertion model (``python -m fairseq_insertion.export``) on ONNX Runtime.
 
     model_dir: the export's directory. intra_threads: threads per pass (0: onnxruntime's
     default, all cores); inter_threads: onnxruntime's inter-op threads. providers: onnxruntime
     execution providers (default: CPU). profile: a path prefix: onnxruntime's profiler records every
-    run of the graphs, written by :meth:`end_profiling` (it slows the runs: read shares, not times).
-    step_graph: decode the calls it covers (see the module) with the export's step graph (``export --step-graph``):
-    True: one run a pass; ``"loop"``: one run a batch (the loop graph)."""
+    run of the graphs, written by :meth:`end_profiling` (it slows the runs: read shares, not times)."""
 
     def __init__(self, model_dir: str | Path, intra_threads: int = 0, inter_threads: int = 1,
-                 providers: Optional[Sequence[str]] = None, profile: Optional[str] = None,
-                 step_graph: bool | str = False):
+                 providers: Optional[Sequence[str]] = None, profile: Optional[str] = None):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -184,8 +155,7 @@ class Translator:
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
         scorer = F.check_scorer(self.settings, self.model_dir)
         shortlist = F.check_shortlist(self.settings, self.model_dir)
-        step = F.check_step(self.settings, self.model_dir)
-        extra = (scorer, codes, shortlist, *(step[:2] if step is not None else ()))  # the step and loop graphs
+        extra = (scorer, codes, shortlist)
         F.check_digests(self.model_dir, self.settings, [Path(p).name for p in extra if p is not None])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
@@ -222,40 +192,18 @@ class Translator:
         if scorer is not None:
             self._scorer = _session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
-        if step_graph is not True and step_graph is not False and step_graph != "loop":
-            raise TranslatorError(f"step_graph: expected True, False or 'loop', got {step_graph!r}")
-        self._step = self._loop = None
-        """The export's step graph (``export --step-graph``; one run a pass) or loop graph (one run a batch), the
-        one asked for."""
-        self._step_options: Dict[str, Any] = {}
-        """The decoding options the step and loop graphs were exported for (``settings.json``'s ``step``)."""
-        if step_graph:
-            if step is None:
-                raise TranslatorError(f"{self.model_dir}: holds no step graph ({F.STEP}): export with --step-graph")
-            whole = step_graph == "loop"
-            session = _session(ort, step[1] if whole else step[0], so, providers, unfused)
-            self._step_options = step[2]
-            F.check_step_graph(self.model_dir, session, m["decoder_layers"],
-                               self._step_options["close_ended_slots"] and self.termination == "slot",
-                               len(self.target_symbols), whole)
-            self._loop, self._step = (session, None) if whole else (None, session)
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
-        self.stats: Dict[str, Any] = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0,
-                                      **{f"{path}_batches": 0 for path in PATHS}, "fallbacks": {}}
+        self.stats: Dict[str, int] = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
-        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens; the
-        batches each path decoded (``pass_batches``, ``step_batches``, ``loop_batches``: :meth:`_path`), and
-        ``fallbacks``: why batches took the pass graph although the translator was made for the step or loop
-        graph (reason: batches)."""
+        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
 
     # ------------------------------------------------------------------ API
     def end_profiling(self) -> Dict[str, str]:
         """With ``profile``: write the profiler's traces (onnxruntime's JSON) and return their paths, by graph."""
         traces = {"encoder": self._encoder.end_profiling(), "pass": self._pass.end_profiling()}
-        for name, session in (("step", self._step), ("loop", self._loop)):
-            if session is not None:
-                traces[name] = session.end_profiling()
+        if self._scorer is not None:
+            traces["scorer"] = self._scorer.end_profiling()
         return traces
 
     @property
@@ -413,9 +361,7 @@ class Translator:
         names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
         source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        path, fallback = self._path(opts, start)
-        backend = PATHS[path](self, opts, src)
-        found = L.decode(backend, source, start, max_len, opts, self.termination, self.eos, self.pad,
+        found = L.decode(Passes(self, opts, src), source, start, max_len, opts, self.termination, self.eos, self.pad,
                          self.word_scheme != "none", shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
@@ -423,62 +369,9 @@ class Translator:
         for key, value in (("sentences", B), ("batches", 1), ("passes", found.passes),
                            ("iterations", int(out.iterations[best].sum())), ("tokens", int(out.lengths[best].sum()))):
             self.stats[key] += value
-        self.stats[f"{path}_batches"] += 1
-        if fallback is not None:
-            if fallback not in self.stats["fallbacks"]:
-                logger.info("the pass graph decodes the calls where %s (the %s graph does not cover them)", fallback,
-                            "loop" if self._loop is not None else "step")
-            self.stats["fallbacks"][fallback] = self.stats["fallbacks"].get(fallback, 0) + 1
         candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
-
-    def _path(self, opts: DecodingConfig, start: L.Start) -> Tuple[str, Optional[str]]:
-        """The one place that decides which graph decodes a batch that starts from ``start`` with ``opts`` (a key of
-        :data:`PATHS`), and where the translator was made for the step or loop graph but the batch takes the pass
-        graph, why: the graph covers unconstrained canvases without a shortlist, with the options it was exported
-        for."""
-        wanted = "loop" if self._loop is not None else "step" if self._step is not None else None
-        if wanted is None:
-            return "pass", None
-        if start.tokens.shape[1]:
-            return "pass", "the canvases start from constraints"
-        if self._shortlist is not None:
-            return "pass", "the export's shortlist applies"
-        differ = sorted(key for key, value in self._step_options.items() if getattr(opts, key) != value)
-        if differ:
-            return "pass", f"{', '.join(differ)} differ from the options it was exported for"
-        return wanted, None
-
-    def _state_feeds(self, state: Canvases, source: Source, opts: DecodingConfig, max_iterations: int
-                     ) -> Dict[str, np.ndarray]:
-        """The step and loop graphs' inputs: the rows' state, each row's EOS penalty, ``max_iterations`` and the
-        source side."""
-        A = len(state.lengths)
-        penalty = state.eos_penalty if state.eos_penalty is not None else self._constant(A, opts.betas[0], np.float32)
-        feeds = {"canvas": np.ascontiguousarray(state.tokens), "scores": np.ascontiguousarray(state.scores),
-                 "lengths": state.lengths, "iterations": state.iterations, "max_len": state.max_len,
-                 "eos_penalty": penalty, "max_iterations": np.asarray(max_iterations, np.int64), **source.inputs}
-        if state.closed_before is not None:
-            feeds["closed_before"], feeds["closed_end"] = np.ascontiguousarray(state.closed_before), state.closed_end
-        return feeds
-
-    def _advance(self, state: Canvases, source: Source, max_iter: int, opts: DecodingConfig) -> L.Pass:
-        """One pass in the step graph (:func:`fairseq_insertion.loop.step` of the pass's insertions, the iteration
-        bound ``max_iter``): the state after it and the rows that go on."""
-        tokens, scores, lengths, iterations, final_eos, keep, n_keep, kept_width, *closed = self._step.run(
-            None, self._state_feeds(state, source, opts, max_iter))
-        new = state._replace(tokens=tokens, scores=scores, lengths=lengths, iterations=iterations, final_eos=final_eos,
-                             **dict(zip(("closed_before", "closed_end"), closed)))
-        return L.Pass(state=new, keep=keep, n_keep=int(n_keep), kept_width=int(kept_width))
-
-    def _run_loop(self, state: Canvases, source: Source, opts: DecodingConfig) -> Tuple[Canvases, int]:
-        """The whole loop in one run of the loop graph (:func:`fairseq_insertion.loop.run`'s results): every row's
-        final canvases, in batch order, and the passes run."""
-        feeds = {**self._state_feeds(state, source, opts, opts.max_iterations), "final_eos": state.final_eos}
-        tokens, scores, lengths, iterations, final_eos, passes = self._loop.run(None, feeds)
-        return state._replace(tokens=tokens, scores=scores, lengths=lengths, iterations=iterations,
-                              final_eos=final_eos), int(passes)
 
     def _first_tokens(self, source: Source, B: int, k: int, shortlist: Optional[np.ndarray] = None
                       ) -> Tuple[np.ndarray, np.ndarray]:
@@ -512,7 +405,7 @@ class Translator:
         """One pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for every open
         slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`)."""
         def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
-            # (N,) row-major, as torch's masks: L.flat_indices's values in one numpy call, none when all are open
+            # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
             open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
             tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
                 "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
