@@ -150,6 +150,8 @@ class DecodingConfig:
     block_neighbour_copies: a slot never inserts a copy of either neighbour.
     no_repeat_ngram_size: n >= 2: no insertion makes an n-gram of the canvas occur twice (0: off).
     close_ended_slots: a slot that chose end-of-slot stays closed (slot-finalization models).
+    max_per_pass: parallel decoding inserts at most this many tokens a pass into each sentence, the
+    highest-scoring ones (0: no cap).
     constraint_order: ``ordered`` (constraints kept in the given order) or
     ``unordered`` (placed in the order the unconstrained translation suggests).
     lenpen: hypothesis score = log-probability / (n + 1) ** lenpen (fairseq's ``--lenpen``).
@@ -197,6 +199,10 @@ class DecodingConfig:
         False, "--close-ended-slots", RUNTIME, INSERTION, TASK, check=_flag,
         help="a slot whose best token is end-of-slot stays closed for the rest of the decode, so later passes "
         "score only the open slots (models trained with slot finalization; can change the output)")
+    max_per_pass: int = _option(
+        0, "--max-per-pass", RUNTIME, INSERTION, TASK, check=_at_least_0,
+        help="parallel decoding inserts at most this many tokens a pass into each sentence, its highest-scoring "
+        "slots (0: no cap): between parallel (every slot) and greedy (one) in passes and quality")
     constraint_order: str = _option("ordered", "--constraints", choices=CONSTRAINT_ORDERS, arg="constraints")
     lenpen: float = _option(1.0, "--lenpen", RUNTIME, check=_number)
     unkpen: float = _option(0.0, "--unkpen", check=_number)

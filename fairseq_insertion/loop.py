@@ -644,16 +644,18 @@ class Bounds(NamedTuple):
     eos: int
     pad: int
     sequence: bool = False  # greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas
+    max_per_pass: int = 0  # the most insertions a pass into one canvas (0: as many as its room)
 
     @classmethod
     def build(cls, xp: Ops, config: DecodingConfig, termination: str, eos: int, pad: int) -> "Bounds":
         """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the
-        iteration bound, ``close_ended_slots`` (which only slot-finalization models use) and whether the
+        iteration bound, ``close_ended_slots`` (which only slot-finalization models use), whether the
         end-of-sequence decision is a canvas's best (slot, eos) (greedy decoding of a sequence-finalization
-        model)."""
+        model) and ``max_per_pass``."""
         return cls(rule=step_rule(xp, config.decoding, termination, eos), max_iterations=config.max_iterations,
                    close_ended=config.close_ended_slots and termination == "slot",
-                   sequence=config.decoding == "greedy" and termination == "sequence", eos=eos, pad=pad)
+                   sequence=config.decoding == "greedy" and termination == "sequence", eos=eos, pad=pad,
+                   max_per_pass=config.max_per_pass)
 
 
 ScoreSlots = Callable[[Array, Array, SlotInputs], Tuple[Array, Array, Array, Array]]
@@ -698,7 +700,8 @@ def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
 def predict_and_step(backend: Backend, bounds: Bounds, state: Canvases, memory: Any, max_iter: int) -> Pass:
     """One pass: the backend's prediction for the open slots, the step rule's insertions and :func:`step`."""
     scores = backend.predict(state, memory, bounds)
-    choice = bounds.rule(scores, state.max_len - state.lengths)
+    room = state.max_len - state.lengths  # (A,)
+    choice = bounds.rule(scores, room.clip(max=bounds.max_per_pass) if bounds.max_per_pass else room)
     return step(backend.xp, state, scores, choice, max_iter, bounds)
 
 

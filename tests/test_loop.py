@@ -49,7 +49,7 @@ class Oracle:
         return memory
 
 
-def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[int]):
+def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[int], record=None, **options):
     xp, wrap = BACKENDS[backend]
     B = len(targets)
     state = L.Canvases(rows=wrap(np.arange(B)), tokens=wrap(np.zeros((B, 0), np.int64)),
@@ -57,8 +57,8 @@ def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[
                        closed_end=wrap(np.zeros(B, bool)), lengths=wrap(np.zeros(B, np.int64)),
                        iterations=wrap(np.zeros(B, np.int64)), final_eos=wrap(np.zeros(B, np.float32)),
                        max_len=wrap(np.asarray(max_len, np.int64)))
-    bounds = L.Bounds.build(xp, DecodingConfig(decoding=decoding), "slot", EOS, PAD)
-    out, passes = L.run(Oracle(xp, wrap, targets), state, None, bounds)
+    bounds = L.Bounds.build(xp, DecodingConfig(decoding=decoding, **options), "slot", EOS, PAD)
+    out, passes = L.run(Oracle(xp, wrap, targets), state, None, bounds, record)
     lengths = np.asarray(out.lengths).tolist()
     return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), passes
 
@@ -95,6 +95,29 @@ def test_the_length_limit_stops_a_canvas_exactly_there(backend):
     for hyp, target in zip(hyps, targets):  # the room cap kept a subsequence of the target
         it = iter(target)
         assert all(tok in it for tok in hyp)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cap", [1, 3])
+def test_max_per_pass_caps_each_passs_insertions(backend, cap):
+    targets = random_targets(5, B=8)
+    limits = [2 * len(t) + 10 for t in targets]
+    lengths = []  # every row's length after every pass
+    hyps, iterations, _ = decode(backend, targets, "parallel", limits, max_per_pass=cap,
+                                 record=lambda state, inserted: lengths.append(dict(zip(
+                                     np.asarray(state.rows).tolist(), np.asarray(state.lengths).tolist()))))
+    assert hyps == targets  # the slots left out propose their tokens again the next pass
+    before = dict.fromkeys(range(len(targets)), 0)
+    for after in lengths:
+        assert all(0 <= after[r] - before[r] <= cap for r in after)
+        before.update(after)
+    n = np.asarray([len(t) for t in targets])
+    assert (iterations >= -(-n // cap)).all()
+    if cap == 1:
+        assert (iterations == n).all()
+    uncapped = decode(backend, targets, "parallel", limits)[1]
+    assert (iterations > uncapped).any()
+    assert decode(backend, targets, "parallel", limits, max_per_pass=20)[1].tolist() == uncapped.tolist()
 
 
 def test_both_backends_decode_alike():

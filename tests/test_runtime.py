@@ -27,7 +27,7 @@ from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 pytest.importorskip("onnxruntime")
 TEST_LINES = 24
 RULES = {"off": {}, "on": {"block_neighbour_copies": True, "no_repeat_ngram_size": 3},
-         "closed": {"close_ended_slots": True, "max_iterations": 3}}
+         "closed": {"close_ended_slots": True, "max_iterations": 3}, "capped": {"max_per_pass": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,19 @@ def test_options_default_to_the_export_and_are_checked(trained):
         translator.options(rerank_with="x.pt")
     with pytest.raises(TranslatorError, match=r"source\[0\]: expected a list of str tokens"):
         translator.translate_batch(["w1 w2"])
+
+
+def test_max_per_pass_reaches_the_runtime(trained):
+    """One option, one field: ``max_per_pass`` given to translate_batch caps every pass's insertions."""
+    _, _, task, out = trained
+    translator = Translator(out, intra_threads=1)
+    lines = [task.source_dictionary.string(s[:-1]).split() for s in sources(task)]
+    free = translator.translate_batch(lines)
+    assert any(r.iterations[0] < len(r.hypotheses[0]) for r in free)  # some pass inserted several tokens
+    one = translator.translate_batch(lines, max_per_pass=1)
+    assert all(r.iterations[0] == len(r.hypotheses[0]) for r in one) and any(r.hypotheses[0] for r in one)
+    with pytest.raises(DecodingError, match="max_per_pass"):
+        translator.translate_batch(lines, max_per_pass=-1)
 
 
 def test_translate_batch_keeps_the_input_order(trained):

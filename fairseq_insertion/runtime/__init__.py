@@ -14,7 +14,7 @@ canvases grow, and a sentence leaves the batch when no slot inserts anything, wh
 length limit or after the iteration bound. Its options are the fields of
 :class:`~fairseq_insertion.decoding.DecodingConfig` that concern a single decode (``decoding``,
 ``eos_penalty``, ``max_len_a``, ``max_len_b``, ``max_iterations``, ``block_neighbour_copies``,
-``no_repeat_ngram_size``, ``close_ended_slots``, ``lenpen``; candidates: ``eos_penalties``,
+``no_repeat_ngram_size``, ``close_ended_slots``, ``max_per_pass``, ``lenpen``; candidates: ``eos_penalties``,
 ``first_insertions``, ``rerank_weight``), their defaults those the model was exported with.
 
 Candidates: with ``eos_penalties`` and ``first_insertions``, each sentence is decoded once per EOS penalty
