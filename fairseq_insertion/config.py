@@ -131,6 +131,20 @@ class DecodingError(ValueError):
         return re.sub(r"--[\w-]+ \((\w+)=\)", lambda m: prefix + m.group(1), str(self))
 
 
+def parse_betas(value: Any) -> Tuple[float, ...]:
+    """``--eos-penalties 0,1,2`` (or a sequence of numbers): the betas; ``None`` or empty: none."""
+    if value is None:
+        return ()
+    items = str(value).split(",") if isinstance(value, str) else list(value)
+    if isinstance(value, str) and not value.strip():
+        return ()
+    try:
+        return tuple(float(b) for b in items)
+    except (TypeError, ValueError):
+        raise DecodingError(f"{_name('eos_penalties')} takes comma-separated numbers, e.g. 0,1,2,3,4; "
+                            f"got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class DecodingConfig:
     """Every insertion decoding option, with its one default.
@@ -172,7 +186,7 @@ class DecodingConfig:
         help="beta, subtracted from the end-of-slot/sequence log-probability when decoding (choose it on valid: "
         "the best beta depends on the model)")
     eos_penalties: Tuple[float, ...] = _option(
-        (), "--eos-penalties", RUNTIME, INSERTION, TASK, check=_betas, read=lambda v: parse_betas(v),
+        (), "--eos-penalties", RUNTIME, INSERTION, TASK, check=_betas, read=parse_betas,
         help="comma-separated betas, e.g. 0,1,2,3,4: decode every sentence under each in one batch and output "
         "its candidates best first (--nbest k prints k), by the model's length-normalised score or "
         "--rerank-with's; replaces --eos-penalty")
@@ -306,20 +320,6 @@ def add_runtime_arguments(group: Any) -> None:
             group.add_argument(FLAGS[name], dest=name, type=parse_betas, default=None, metavar="B,B,...")
         else:
             group.add_argument(FLAGS[name], dest=name, type=type(default), default=None, metavar=name.upper())
-
-
-def parse_betas(value: Any) -> Tuple[float, ...]:
-    """``--eos-penalties 0,1,2`` (or a sequence of numbers): the betas; ``None`` or empty: none."""
-    if value is None:
-        return ()
-    items = str(value).split(",") if isinstance(value, str) else list(value)
-    if isinstance(value, str) and not value.strip():
-        return ()
-    try:
-        return tuple(float(b) for b in items)
-    except (TypeError, ValueError):
-        raise DecodingError(f"{_name('eos_penalties')} takes comma-separated numbers, e.g. 0,1,2,3,4; "
-                            f"got {value!r}") from None
 
 
 def check_search_options(gen_args: Any) -> None:
