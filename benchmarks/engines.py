@@ -233,13 +233,29 @@ def compare(results: dict, hyps: dict[str, list[str]]) -> None:
     results.update(best_threads=best_threads, parity=parity, batch_agreement=agreement, targets=targets)
 
 
+TEACHER_GREEDY = ("teacher_fairseq_fp32", "teacher_ctranslate2_fp32")  # the anchor of the BLEU ratios, the first found
+TEACHER_BEAM = ("teacher_ctranslate2_fp32_beam5",)
+
+
+def teacher_ratios(rows: list[dict]) -> list["T.Column"]:
+    """The columns of each row's BLEU over the teacher's in the same run, greedy and (when it ran) beam 5: the
+    run's ``--teacher`` is the anchor (the kit's annealed teacher for the project's figures)."""
+    columns = []
+    for title, keys in (("x teacher greedy", TEACHER_GREEDY), ("x teacher beam 5", TEACHER_BEAM)):
+        anchor = next((r["bleu"] for key in keys for r in rows if r["engine_key"] == key and r["bleu"]), None)
+        if anchor:
+            columns.append(T.Column(title, lambda r, a=anchor: round(r["bleu"] / a, 3), 3))
+    return columns
+
+
 def markdown(results: dict) -> str:
-    """One row per engine and batch (seconds at every thread count, the rest at the best), the targets,
-    the parity and the batch agreement."""
+    """One row per engine and batch (seconds at every thread count, the rest at the best; BLEU also over the
+    teacher's), the targets, the parity and the batch agreement."""
     by_name, rounds, C = {r["name"]: r for r in results["rows"]}, results.get("rounds", 1), T.Column
     seconds = [C(f"s, {t} thread{'s' if t > 1 else ''}", lambda r, t=t: by_name.get(
         row_name(r["engine_key"], t, r["batch"]), {}).get("seconds")) for t in results["thread_counts"]]
-    columns = [*T.keyed("engine", "model", "precision", "decoding", "batch", "bleu"), *seconds,
+    columns = [*T.keyed("engine", "model", "precision", "decoding", "batch", "bleu"),
+               *teacher_ratios(results["rows"]), *seconds,
                C("best threads", lambda r: r["threads"]), *T.keyed("ms_per_pass", "passes_per_sentence",
                                                                   "mean_iterations")]
     identical = C("identical", lambda p: f"{p['identical']} of {p['sentences']}")

@@ -127,6 +127,13 @@ def test_paths_are_placeholders_and_the_table_renders_again(results):
     committed.write_text(text)
     assert E.main(["--render", str(committed)]) == 0 and committed.with_suffix(".md").read_text() == table
     assert table.count("| runtime | insertion | fp32 | parallel |") == len(BATCHES)
+    header = next(line for line in table.splitlines() if line.startswith("| engine |")).split(" | ")
+    teacher = next(r for r in res["rows"] if r["engine_key"] == "teacher_fairseq_fp32")
+    ratio = header.index("x teacher greedy")
+    assert any(line.split(" | ")[ratio] == "1.000" for line in table.splitlines() if line.startswith("| fairseq |"))
+    insertion = next(r for r in res["rows"] if r["engine_key"] == "insertion_runtime_fp32")
+    assert f"{insertion['bleu'] / teacher['bleu']:.3f}" in {line.split(" | ")[ratio] for line in table.splitlines()
+                                                             if line.startswith("| runtime | insertion | fp32 |")}
 
 
 def test_without_ctranslate2_its_rows_are_left_out_with_a_note(kit, tmp_path):
