@@ -38,9 +38,8 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
              S("teacher_fairseq_fp32", teacher, "fairseq", {"beam": 1}),
              *(S(f"insertion_runtime_{p}", insertion, "runtime", {"decoding": "parallel", "precision": p, **rules})
                for p in both),
-             *(S(f"insertion_runtime_int8_{q}", insertion, "runtime", {"decoding": "parallel", "precision": "int8",
-                                                                       "quantization": q, **rules})
-               for q in ("dynamic", "blockwise")),
+             S("insertion_runtime_int8_dynamic", insertion, "runtime", {"decoding": "parallel", "precision": "int8",
+                                                                       "quantization": "dynamic", **rules}),
              S("insertion_pytorch_fp32", insertion, "fairseq", {"decoding": "parallel", **rules}),
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
@@ -80,8 +79,6 @@ PARITY = [Pair("runtime fp32 = PyTorch, parallel", "insertion_runtime_fp32", "in
 INT8 = [Pair("runtime int8 - fp32 BLEU, parallel", "insertion_runtime_int8", "insertion_runtime_fp32", 0.3),
         Pair("runtime int8 dynamic - fp32 BLEU, parallel", "insertion_runtime_int8_dynamic", "insertion_runtime_fp32",
              0.3),
-        Pair("runtime int8 blockwise - fp32 BLEU, parallel", "insertion_runtime_int8_blockwise",
-             "insertion_runtime_fp32", 0.3),
         Pair("CTranslate2 int8 - fp32 BLEU (teacher)", "teacher_ctranslate2_int8", "teacher_ctranslate2_fp32")]
 SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "teacher_ctranslate2_fp32", 1.0),
          Pair("runtime / CTranslate2 seconds, int8", "insertion_runtime_int8", "teacher_ctranslate2_int8", 1.0),
@@ -89,10 +86,6 @@ SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "
               "teacher_ctranslate2_int8", 1.0),
          Pair("runtime int8 per-row / dynamic seconds", "insertion_runtime_int8", "insertion_runtime_int8_dynamic",
               1.05),
-         Pair("runtime int8 blockwise / CTranslate2 seconds", "insertion_runtime_int8_blockwise",
-              "teacher_ctranslate2_int8", 1.0),
-         Pair("runtime int8 blockwise / per-row seconds", "insertion_runtime_int8_blockwise", "insertion_runtime_int8",
-              1.0),
          Pair("runtime with the shortlist / CTranslate2 seconds, fp32", "insertion_runtime_fp32_shortlist",
               "teacher_ctranslate2_fp32", 1.0),
          Pair("runtime with the shortlist / CTranslate2 seconds, int8", "insertion_runtime_int8_shortlist",
