@@ -34,9 +34,8 @@ CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records t
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 PRECISIONS = ("fp32", "int8")
 # how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
-# size), onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so) or in blocks
-# of each row (onnxruntime's MatMulNBits; outputs the same at every batch size)
-QUANTIZATIONS = ("per-row", "dynamic", "blockwise")
+# size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)
+QUANTIZATIONS = ("per-row", "dynamic")
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
               tuple: "a list of numbers"}

@@ -18,12 +18,7 @@ an ``If`` included) so that every product by a weight matrix runs in int8:
 
 The one-column location query stays fp32 (quantizing its input would cost more than the product), as do the
 products by a graph input (the shortlist's rows). onnxruntime's own dynamic quantization (``--int8 dynamic``)
-quantizes each product's activations with one range over the whole batch instead.
-
-:func:`blockwise` (``--int8 blockwise``) makes each product one node, onnxruntime's ``MatMulNBits`` with 8-bit
-weights and int8 products (``accuracy_level`` 4): each weight column in blocks of 32 rows with a scale each, and
-each activation row quantized inside the node in blocks of 32 entries, so a row's result does not depend on the
-others either. Only numpy and onnx (and, for :func:`blockwise`, onnxruntime's weight packing).
+quantizes each product's activations with one range over the whole batch instead. Only numpy and onnx.
 """
 
 from __future__ import annotations
@@ -105,10 +100,6 @@ class _Rewriter:
         split = [self.fresh(name) for name in ("q", "k", "v")]
         for i, name in enumerate(split):  # three products of one quantized input: no copy of their outputs
             self.product(node.input[0], w[:, i * C:(i + 1) * C], name)  # (A, T, C)
-        self.multi_head(node, split)
-
-    def multi_head(self, node: "onnx.NodeProto", split: List[str]) -> None:
-        """The attention of ``node`` (fused) on its q, k and v ``split``, with its bias, key mask and causal flag."""
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         inputs = [*split, node.input[2] if len(node.input) > 2 else "", node.input[3] if len(node.input) > 3 else ""]
         self.nodes.append(helper.make_node("MultiHeadAttention", inputs, list(node.output[:1]), name=node.name,
@@ -137,39 +128,6 @@ class _Rewriter:
         self.graph.node.extend(nodes)
         self.graph.initializer.extend(kept)
         return rewritten
-
-
-class _BlockRewriter(_Rewriter):
-    """Rewrites each product by a weight matrix into one ``MatMulNBits`` node (:func:`blockwise`)."""
-
-    def __init__(self, graph: "onnx.GraphProto", block_size: int):
-        super().__init__(graph)
-        self.block_size = block_size
-
-    def product(self, x: str, w: np.ndarray, out: str) -> None:
-        """out = x w (x (..., K) float, w (K, N)): w in int8 blocks of ``block_size`` rows of a column, x quantized
-        by onnxruntime in blocks of as many of a row's entries (``accuracy_level`` 4: int8 products)."""
-        from onnxruntime.capi._pybind_state import quantize_matmul_8bits  # onnxruntime's own packing
-
-        K, N = w.shape
-        blocks = -(-K // self.block_size)
-        packed = np.zeros((N, blocks, self.block_size), np.uint8)  # (N, K / block, block): column-major blocks
-        scales = np.zeros((N, blocks), np.float32)
-        zero_points = np.zeros((N, blocks), np.uint8)  # unused: symmetric
-        padded = np.pad(w, ((0, blocks * self.block_size - K), (0, 0))).astype(np.float32)
-        quantize_matmul_8bits(packed, padded, scales, zero_points, self.block_size, N, blocks * self.block_size, True)
-        self.nodes.append(helper.make_node(
-            "MatMulNBits", [x, self.const(packed, "weight_blocks"), self.const(scales.reshape(-1), "block_scale")],
-            [out], name=self.fresh("matmulnbits"), domain=MS, K=K, N=N, bits=8, block_size=self.block_size,
-            accuracy_level=4))
-
-    def attention(self, node: "onnx.NodeProto", w: np.ndarray) -> None:
-        """A fused self-attention: its q/k/v product as one, split in three, then the attention (fp32)."""
-        qkv = self.fresh("qkv")
-        self.product(node.input[0], w, qkv)  # (A, T, 3C)
-        split = [self.fresh(name) for name in ("q", "k", "v")]
-        self.nodes.append(helper.make_node("Split", [qkv], split, name=self.fresh("split"), axis=-1))
-        self.multi_head(node, split)
 
 
 def _live(nodes: List["onnx.NodeProto"], outputs: set) -> List["onnx.NodeProto"]:
@@ -208,14 +166,3 @@ def per_row(model: "onnx.ModelProto") -> int:
     per-row activation scales, in place; the number of products rewritten."""
     nested = list(graphs(model.graph))
     return sum(_Rewriter(graph).run() for graph in reversed(nested))
-
-
-def blockwise(model: "onnx.ModelProto", block_size: int = 32) -> int:
-    """Rewrite ``model``'s products by weight matrices into onnxruntime's ``MatMulNBits`` (8 bits, int8 products), in
-    place: each weight column in blocks of ``block_size`` rows with a scale each, each activation row quantized by
-    the node in blocks of as many entries (so a row's result does not depend on the other rows: the translations
-    do not depend on their batch), one node a product; the number of products rewritten. Blocks of 16 to 64 give a
-    row the same result however many rows the node takes (measured on AVX512-VNNI: onnxruntime 1.32's kernels);
-    blocks of 128 do not (rows go in pairs, and an odd last row rounds otherwise)."""
-    nested = list(graphs(model.graph))
-    return sum(_BlockRewriter(graph, block_size).run() for graph in reversed(nested))

@@ -23,9 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--int8", nargs="?", const="per-row", default=None, choices=QUANTIZATIONS,
                    help="int8 products: per-row activation scales (the default: a sentence's translation does not "
-                   "depend on its batch), onnxruntime's dynamic quantization (faster at batch 1; its outputs "
-                   "move with the batch) or blockwise (onnxruntime's MatMulNBits, one node a product: weights and "
-                   "each activation row in int8 blocks of 32; outputs that do not depend on the batch)")
+                   "depend on its batch) or onnxruntime's dynamic quantization (faster at batch 1; its outputs "
+                   "move with the batch)")
     p.add_argument("--rerank-with", type=Path, default=None, metavar="CHECKPOINT",
                    help="an autoregressive fairseq transformer of the same dictionaries (e.g. the distillation "
                    "teacher), exported as scorer.onnx: it chooses among the --eos-penalties candidates")

@@ -16,22 +16,19 @@ from ..export_format import (
     PASS,
     QUANTIZATIONS,
 )
-from ..quantization import blockwise, graphs, per_row
+from ..quantization import graphs, per_row
 from .graph import ExportError
-
-REWRITES = {"per-row": per_row, "blockwise": blockwise}  # the schemes that rewrite the graph's products themselves
 
 
 def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS), scheme: str = "per-row") -> None:
-    """The graphs ``names`` in int8, in place: ``per-row`` (:func:`fairseq_insertion.quantization.per_row`),
-    ``blockwise`` (:func:`fairseq_insertion.quantization.blockwise`) or ``dynamic`` (onnxruntime's dynamic
-    quantization)."""
+    """The graphs ``names`` in int8, in place: ``per-row`` (:func:`fairseq_insertion.quantization.per_row`) or
+    ``dynamic`` (onnxruntime's dynamic quantization)."""
     if scheme not in QUANTIZATIONS:
         raise ExportError(f"--int8 {scheme}: expected one of {list(QUANTIZATIONS)}")
     for name in names:
-        if scheme in REWRITES:
+        if scheme == "per-row":
             model = onnx.load(str(out / name))
-            REWRITES[scheme](model)
+            per_row(model)
             onnx.checker.check_model(model)
             onnx.save(model, str(out / name))
         else:
