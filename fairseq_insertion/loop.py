@@ -217,7 +217,10 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
     if neighbours:
         columns.append(xp.concat([framed[:, :-1, None], framed[:, 1:, None]], -1))  # (B, S, 2)
     n = int(ngram)
-    if n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
+    blank = None  # the n-gram rule's columns on canvases that repeat no token: nothing blocked
+    if n >= 2 and W >= n and not xp.might(repeated_pairs(xp, framed, pad)):
+        blank = xp.full((B, S, n * (W - n + 1)), pad, like=framed)
+    elif n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
         context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in _ngram_geometry(W, n))
         real = framed != pad
         ext = xp.full((B, W + 2 * n - 2), -1, like=framed)  # the framed canvas, -1 outside it
@@ -229,12 +232,28 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
         found = xp.where(match, windows[:, token_cols][:, :, None, :], pad)  # (B, n, S, J)
         columns.append(xp.permute(found, (0, 2, 1, 3)).reshape(B, S, -1))
     if not columns:
-        return xp.full((B, S, 0), pad, like=framed)
+        return xp.full((B, S, 0), pad, like=framed) if blank is None else blank
     out = xp.concat(columns, -1) if len(columns) > 1 else columns[0]  # (B, S, M)
     never = out < 0
     for s in special:
         never = never | (out == s)
-    return xp.where(never, pad, out)
+    out = xp.where(never, pad, out)
+    return out if blank is None else xp.concat([out, blank], -1)
+
+
+def repeated_pairs(xp: Ops, framed: Array, pad: int) -> Array:
+    """(B, W, W) True at (b, i, j), i < j, where row b's real tokens i and j are the same. An n-gram rule blocks a
+    token only where the canvas repeats one (the slot's context and the n-gram it matches lie at different
+    positions): with none, :func:`repeated_tokens` skips the rule."""
+    W = framed.shape[1]
+    same = framed[:, :, None] == framed[:, None, :]  # (B, W, W)
+    return same & (framed != pad)[:, :, None] & xp.asarray(_upper(W), like=framed)
+
+
+@functools.lru_cache(maxsize=256)
+def _upper(W: int) -> np.ndarray:
+    """(W, W) True above the diagonal (cached)."""
+    return np.triu(np.ones((W, W), dtype=bool), 1)
 
 
 @functools.lru_cache(maxsize=256)

@@ -5,6 +5,7 @@ plain and constrained decoding."""
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from fairseq.token_generation_constraints import pack_constraints
@@ -18,14 +19,14 @@ BOS, PAD, EOS = 0, 1, 2
 WORDS = [4, 5, 6]  # a small vocabulary: plenty of repeats
 
 
-def brute_force(framed_row, n, neighbours):
+def brute_force(framed_row, n, neighbours, words=WORDS):
     """Per slot, the set of tokens the rules block, from their definition: after inserting c into slot l,
     an n-gram holding c equals an n-gram not holding c (those are the ones that survive from the canvas)."""
     seq = [t for t in framed_row if t != PAD]
     out = []
     for slot in range(len(seq) - 1):
         blocked = set()
-        for c in WORDS:
+        for c in words:
             if neighbours and c in (seq[slot], seq[slot + 1]):
                 blocked.add(c)
             if n >= 2:
@@ -55,6 +56,42 @@ def test_repeated_tokens_match_the_definition(n, neighbours):
             have = [set(got[b, slot].tolist()) - {PAD} for slot in range(k + 1)]
             assert have == want, (framed[b].tolist(), n)
         assert not got.eq(EOS).any() and not got.eq(BOS).any()
+
+
+@pytest.mark.parametrize("n,neighbours", [(2, False), (3, True), (4, False)])
+@pytest.mark.parametrize("xp,wrap", [(L.NUMPY, np.asarray), (TORCH, torch.tensor)], ids=["numpy", "torch"])
+def test_canvases_that_repeat_no_token_or_one(n, neighbours, xp, wrap):
+    """Rows of distinct tokens (the n-gram rule blocks nothing: numpy skips it) beside rows that repeat one token or
+    an (n-1)-gram, in the same batch and alone: the definition's sets, and the same array on both backends."""
+    rng = random.Random(n)
+    words = list(range(4, 30))
+    for trial in range(40):
+        B = 3
+        lengths = [rng.randint(1, 12) for _ in range(B)]
+        rows = []
+        for k in lengths:
+            row = rng.sample(words, k)
+            if trial % 4 == 1 and k > 1:  # one token twice
+                row[rng.randrange(1, k)] = row[0]
+            if trial % 4 == 3 and k >= 2 * n - 1:  # the first n - 1 tokens again at the end
+                row[k - n + 1:] = row[:n - 1]
+            rows.append(row)
+        K = max(lengths)
+        framed = np.full((B, K + 2), PAD)
+        for b, row in enumerate(rows):
+            framed[b, :len(row) + 2] = [BOS, *row, EOS]
+        for batch in (framed, framed[:1]):
+            got = np.asarray(L.repeated_tokens(xp, wrap(batch), n, neighbours, (BOS, EOS), PAD))  # (B, S, M)
+            M = (2 if neighbours else 0) + n * (batch.shape[1] - n + 1)
+            assert got.shape == (len(batch), batch.shape[1] - 1, M)
+            assert np.array_equal(got, L.repeated_tokens(TORCH, torch.tensor(batch), n, neighbours, (BOS, EOS),
+                                                         PAD).numpy())
+            for b in range(len(batch)):
+                want = brute_force(batch[b].tolist(), n, neighbours, words)
+                have = [set(got[b, slot].tolist()) - {PAD} for slot in range(len(want))]
+                assert have == want, (batch[b].tolist(), n)
+        if trial % 2 == 0:  # no row repeats a token: the n-gram rule blocks nothing
+            assert not L.NUMPY.might(L.repeated_pairs(L.NUMPY, framed, PAD))
 
 
 def test_no_rule_blocks_nothing():
