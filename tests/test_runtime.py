@@ -7,6 +7,7 @@ with and without the repetition rules, with closed end-of-slot slots and an iter
 batch 1 and N. The loop's canvas operations on numpy arrays against
 torch tensors; the runtime without torch or fairseq; the command lines."""
 
+import gc
 import json
 import subprocess
 import sys
@@ -161,6 +162,34 @@ def test_translate_batch_keeps_the_input_order(trained):
     together = translator.translate_batch(lines, max_batch_size=5)
     assert [r.hypotheses for r in together] == alone
     assert translator.stats["sentences"] == 2 * len(lines) and translator.stats["passes"] > 0
+
+
+def test_the_garbage_collector_is_paused_while_decoding_and_restored(trained, monkeypatch):
+    """Python's cyclic collector is off inside the decode, and after it as it was before: on, off, and on again
+    when the decode raises."""
+    _, _, task, out = trained
+    translator = Translator(out, intra_threads=1)
+    lines = [task.source_dictionary.string(s[:-1]).split() for s in sources(task)[:3]]
+    decode, seen = translator._decode_batch, []
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(translator, "_decode_batch", watched)
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            assert translator.translate_batch(lines, max_batch_size=1)[0].hypotheses[0]
+            assert gc.isenabled() is enabled and seen == [False] * 3
+            seen.clear()
+        gc.enable()
+        monkeypatch.setattr(translator, "_decode_batch", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            translator.translate_batch(lines)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_an_export_with_an_earlier_step_graph_loads_and_exporting_again_removes_it(trained, tmp_path):
