@@ -8,11 +8,11 @@ an ``If`` included) so that every product by a weight matrix runs in int8:
   alone, so no other sentence of the batch moves its rounding: x / max |x| in 127 levels around the zero point
   128, or x / max x in 255 levels from 0 where x is a ReLU's output (quantized from the ReLU's input: the
   negatives saturate to 0, and the ReLU goes);
-* each activation quantized once (``Abs``, ``ReduceMax``, ``Clip``, ``Div``, ``QuantizeLinear``), shared by every
+* each activation quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``), shared by every
   product that reads it (the self-attention's q, k and v);
 * the product: onnxruntime's ``MatMulIntegerToFloat`` (u8 x s8, int32 sums: exact at any batch size), the
-  columns' scales applied in its output step and the rows' after it; the bias stays an fp32 ``Add`` (onnxruntime
-  folds it into the residual's ``SkipLayerNormalization`` when the session fuses it);
+  columns' scales applied in its output step and the rows' after it; the bias stays an fp32 ``Add`` (the
+  product's own bias input would be added before onnxruntime 1.32 applies the rows' scales);
 * the fused self-attention (``Attention``): its q, k and v products as above, then ``MultiHeadAttention`` (fp32)
   with the bias, the key mask and the causal flag the ``Attention`` had.
 
@@ -69,15 +69,18 @@ class _Rewriter:
 
     def rows(self, x: str) -> Tuple[str, str, str, float]:
         """x (..., K) float -> its uint8 rows, their scales up to a constant (max |x| of each row, (..., 1)), the
-        zero point and the constant (1 / the levels), once per activation: five nodes."""
+        zero point and the constant (1 / the levels), once per activation: four nodes (a ReLU's: four with a
+        ``Clip``, the ``Abs`` gone)."""
         if x not in self.quantized:
             producer = self.producers.get(x)
             relu = producer is not None and producer.op_type == "Relu"
             # a ReLU's output quantized from its input: the row's max, the negatives saturated to 0
             source = producer.input[0] if relu else x
             levels, zero = (255.0, 0) if relu else (127.0, 128)
-            amax = self.op("Clip", self.op("ReduceMax", source if relu else self.op("Abs", x), axes=[-1], keepdims=1),
-                           self.const(np.asarray(1e-30, np.float32), "tiny"))  # (..., 1), never 0
+            amax = self.op("ReduceMax", source if relu else self.op("Abs", x), axes=[-1], keepdims=1)  # (..., 1)
+            if relu:  # a row of negatives: its max under 0, clipped to a tiny positive (its levels saturate to 0)
+                amax = self.op("Clip", amax, self.const(np.asarray(1e-30, np.float32), "tiny"))
+            # a row of zeros (padding) divides 0 by 0; its product is the integer sum times the row's scale, 0
             point = self.const(np.asarray(zero, np.uint8), "zero_point")
             q = self.op("QuantizeLinear", self.op("Div", source, amax),
                         self.const(np.asarray(1.0 / levels, np.float32), "step"), point)  # (..., K): x / amax in levels

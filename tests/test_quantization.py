@@ -61,6 +61,8 @@ def test_every_product_by_a_weight_matrix_is_rewritten(exports):
         # the fused self-attention becomes three products (q, k, v) of one quantized input
         assert ops.count("MatMulIntegerToFloat") == n + 2 * attentions, name
         assert ops.count("QuantizeLinear") < ops.count("MatMulIntegerToFloat"), name  # shared quantizations
+        relus = sum(node.op_type == "Relu" for node in fp32.graph.node)
+        assert ops.count("Clip") == relus and ops.count("Abs") == ops.count("QuantizeLinear") - relus, name
         int8 = [w for w in rewritten.graph.initializer if w.data_type == onnx.TensorProto.INT8]
         assert len(int8) == ops.count("MatMulIntegerToFloat"), name
     saved = onnx.load(str(out["per-row"] / PASS))
