@@ -468,8 +468,7 @@ def _providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> 
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for the block, then as it was. The loop makes short-lived objects
     every pass, none in a reference cycle (reference counting frees them); left on, the collector's passes over
-    the process's heap (large where torch is imported) land inside the decodes, about 5% of a batch-1 decode's
-    time in such a process."""
+    the process's heap (large where torch is imported) land inside the decodes."""
     was = gc.isenabled()
     gc.disable()
     try:
