@@ -218,7 +218,7 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
         columns.append(xp.concat([framed[:, :-1, None], framed[:, 1:, None]], -1))  # (B, S, 2)
     n = int(ngram)
     blank = None  # the n-gram rule's columns on canvases that repeat no token: nothing blocked
-    if n >= 2 and W >= n and not xp.might(repeated_pairs(xp, framed, pad)):
+    if n >= 2 and W >= n and not xp.might(repeats_a_token(xp, framed, pad)):
         blank = xp.full((B, S, n * (W - n + 1)), pad, like=framed)
     elif n >= 2 and W >= n:  # every offset i of the inserted token in the n-gram at once
         context_cols, rest_cols, token_cols, apart = (xp.asarray(a, like=framed) for a in _ngram_geometry(W, n))
@@ -241,19 +241,13 @@ def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, specia
     return out if blank is None else xp.concat([out, blank], -1)
 
 
-def repeated_pairs(xp: Ops, framed: Array, pad: int) -> Array:
-    """(B, W, W) True at (b, i, j), i < j, where row b's real tokens i and j are the same. An n-gram rule blocks a
-    token only where the canvas repeats one (the slot's context and the n-gram it matches lie at different
-    positions): with none, :func:`repeated_tokens` skips the rule."""
-    W = framed.shape[1]
-    same = framed[:, :, None] == framed[:, None, :]  # (B, W, W)
-    return same & (framed != pad)[:, :, None] & xp.asarray(_upper(W), like=framed)
-
-
-@functools.lru_cache(maxsize=256)
-def _upper(W: int) -> np.ndarray:
-    """(W, W) True above the diagonal (cached)."""
-    return np.triu(np.ones((W, W), dtype=bool), 1)
+def repeats_a_token(xp: Ops, framed: Array, pad: int) -> Array:
+    """(B,) whether row b's real tokens hold one token twice. An n-gram rule blocks a token only where the canvas
+    repeats one (the slot's context and the n-gram it matches lie at different positions): with none,
+    :func:`repeated_tokens` skips the rule."""
+    real = framed != pad  # (B, W)
+    same = (framed[:, :, None] == framed[:, None, :]) & real[:, :, None]  # (B, W, W), the diagonal at real tokens
+    return same.sum((1, 2)) > real.sum(1)
 
 
 @functools.lru_cache(maxsize=256)

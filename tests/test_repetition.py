@@ -91,7 +91,7 @@ def test_canvases_that_repeat_no_token_or_one(n, neighbours, xp, wrap):
                 have = [set(got[b, slot].tolist()) - {PAD} for slot in range(len(want))]
                 assert have == want, (batch[b].tolist(), n)
         if trial % 2 == 0:  # no row repeats a token: the n-gram rule blocks nothing
-            assert not L.NUMPY.might(L.repeated_pairs(L.NUMPY, framed, PAD))
+            assert not L.NUMPY.might(L.repeats_a_token(L.NUMPY, framed, PAD))
 
 
 def test_no_rule_blocks_nothing():
