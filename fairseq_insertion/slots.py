@@ -26,6 +26,7 @@ export graph builder.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -159,6 +160,14 @@ def _padded(excluded: np.ndarray) -> np.ndarray:
     return np.concatenate([excluded, np.full((len(excluded), 1), NEG_INF, np.float32)], 1)
 
 
+def argmax_block(width: int) -> Optional[int]:
+    """The block size the pass graph's best-token search reads a table of ``width`` columns in (a divisor of it,
+    the closest to its square root: two short searches), or None for a prime width (one search)."""
+    below = max(d for d in range(1, math.isqrt(width) + 1) if width % d == 0)  # the largest divisor <= the root
+    size = min((below, width // below), key=lambda d: abs(d * d - width))
+    return size if below > 1 else None
+
+
 def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: str, eos_penalty: str, no_end: str,
                  k: str, ids: Optional[str] = None) -> None:
     """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
@@ -167,9 +176,11 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
 
     The (N, V) table is read by few kernels: onnxruntime's fused ``LogSoftmax`` gives the log-probabilities, one
-    scatter bars the blocked tokens and the specials on the raw scores, and an ``ArgMax`` finds the best of the
-    rest; the word-edge classes' exclusion table and the k-best ``TopK`` (each a pass over the table, the top-k 3-4
-    times an ``ArgMax``'s) run only in the branch for a batch that has a slot of class > 0 or k > 1."""
+    scatter bars the blocked tokens and the specials on the raw scores (in the table's own buffer: it reads the
+    table last), and the best of the rest is found in blocks (:func:`argmax_block`: a ``ReduceMax`` a block, then
+    an ``ArgMax`` over the blocks' maxima and one inside the first block holding the row's); the word-edge classes'
+    exclusion table and the k-best ``TopK`` (each a pass over the table, the top-k 3-4 times an ``ArgMax``'s) run
+    only in the branch for a batch that has a slot of class > 0 or k > 1."""
     V = rule.excluded.shape[1]
     if ids is not None:  # the padding (id V) takes no part
         content = g.op("Where", g.op("Equal", ids, g.const(np.asarray(V, np.int64), "padding_id")),
@@ -178,8 +189,11 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     eos = g.const(np.asarray([rule.eos], dtype=np.int64), "eos")
     eos_score = g.op("Gather", content, eos, axis=1)  # (N, 1)
     eos_log_probs = g.output("Gather", "eos_log_probs", log_probs, eos, axis=1)  # (N, 1)
+    # the specials' rows counted from both reads of the table, so that the scatter below comes after them: its last
+    # reader, onnxruntime then bars the tokens in the table's own buffer instead of a copy of it
+    read = g.op("Concat", eos_score, eos_log_probs, axis=1)  # (N, 2)
     specials = g.op("Expand", g.const(np.asarray([rule.specials], np.int64), "specials"),
-                    g.op("Concat", g.op("Shape", blocked, end=1), g.ints(len(rule.specials)), axis=0))  # (N, 3)
+                    g.op("Concat", g.op("Shape", read, end=1), g.ints(len(rule.specials)), axis=0))  # (N, 3)
     barred = g.op("Concat", blocked, specials, axis=1)  # (N, M + 3): positions in the list too (a special's is its id)
     allowed = g.op("ScatterElements", content, barred, g.op("Expand", g.scalar(NEG_INF), g.op("Shape", barred)),
                    axis=1)  # (N, V) or (N, L)
@@ -195,8 +209,18 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
         return [(values, np.float32), (at, np.int64)]
 
     def best() -> List[Tuple[str, Any]]:  # every slot in class 0 and k = 1: the best one
-        at = g.op("ArgMax", allowed, axis=1, keepdims=1)  # (N, 1); ties: the first, the lower id
-        return [(g.op("GatherElements", allowed, at, axis=1), np.float32), (at, np.int64)]
+        size = None if ids is not None else argmax_block(V)
+        if size is None:
+            at = g.op("ArgMax", allowed, axis=1, keepdims=1)  # (N, 1); ties: the first, the lower id
+            return [(g.op("GatherElements", allowed, at, axis=1), np.float32), (at, np.int64)]
+        # in two stages (onnxruntime's ArgMax takes ~7x a ReduceMax's time on a wide table): the first block holding
+        # the row's max, then its first max there; the same index, ties included
+        blocks = g.op("Reshape", allowed, g.ints(0, V // size, size))  # (N, V / size, size)
+        block_max = g.op("ReduceMax", blocks, axes=[2], keepdims=0)  # (N, V / size)
+        block = g.op("ArgMax", block_max, axis=1, keepdims=1)  # (N, 1); ties: the first
+        within = g.op("ArgMax", g.op("GatherND", blocks, block, batch_dims=1), axis=1, keepdims=1)  # (N, 1)
+        at = g.op("Add", g.op("Mul", block, g.const(np.asarray(size, np.int64), "block_size")), within)  # (N, 1)
+        return [(g.op("GatherElements", block_max, block, axis=1), np.float32), (at, np.int64)]
 
     general = g.op("Or", g.op("Greater", g.op("ReduceMax", g.op("Concat", classes, g.ints(0), axis=0), keepdims=0),
                               g.const(np.asarray(0, np.int64), "class_free")),

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
@@ -18,7 +19,14 @@ from fairseq_insertion.decoding import TORCH  # noqa: E402
 from fairseq_insertion.export import ExportError, Graph, export_model  # noqa: E402
 from fairseq_insertion.export.graph import _io  # noqa: E402
 from fairseq_insertion.loop import NUMPY, SlotInputs, shortlist_positions  # noqa: E402
-from fairseq_insertion.slots import Shortlist, SlotRule, choose, choose_graph, shortlist_rows  # noqa: E402
+from fairseq_insertion.slots import (  # noqa: E402
+    Shortlist,
+    SlotRule,
+    argmax_block,
+    choose,
+    choose_graph,
+    shortlist_rows,
+)
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 
@@ -28,6 +36,11 @@ def rule_of(joins_next: np.ndarray, joins_prev: np.ndarray, unkpen: float = 0.0)
 
 
 def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
+    return ort.InferenceSession(step_model(V, joins_next, joins_prev).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+
+
+def step_model(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "onnx.ModelProto":
     g = Graph("step")
     choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", V]), _io("blocked", TensorProto.INT64, ["open", "m"]),
@@ -37,7 +50,7 @@ def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort
                                                                            ("log_probs", TensorProto.FLOAT, "k"),
                                                                            ("eos_log_probs", TensorProto.FLOAT, 1))],
                     vocab_size=V)
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return model
 
 
 def full_table(content, blocked, penalty, no_next, no_prev, no_end, joins_next, joins_prev, unkpen=0.0):
@@ -93,6 +106,33 @@ def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
         stuck += int((no_end & (want_tok == EOS)).sum())
     assert EOS in chosen and len(chosen) > 2  # both end-of-slot and tokens were chosen
     assert stuck > 0 if edges and V == 5 else True  # a slot with nothing left ends
+
+
+@pytest.mark.parametrize("V, size", [(5, None), (12, 3), (40, 5), (7968, 83), (7919, None)])
+def test_the_best_token_is_searched_in_blocks_of_a_divisor_of_the_width(V, size):
+    """The branch of a batch in class 0 (the one the parity test above runs at V = 12 and 40) finds the best token
+    in blocks of a divisor of V near its root, or in one search for a prime V."""
+    assert argmax_block(V) == size and (size is None or V % size == 0)
+    (branch,) = [n for n in step_model(V, np.zeros(V, bool), np.zeros(V, bool)).graph.node if n.op_type == "If"]
+    best = {a.name: a.g for a in branch.attribute}["else_branch"]
+    ops = [n.op_type for n in best.node]
+    assert ops.count("ArgMax") == (1 if size is None else 2) and ("GatherND" in ops) == (size is not None)
+
+
+def test_the_bars_scatter_onto_the_table_after_its_other_reads():
+    """Every other reader of the table (N, V) is an ancestor of the scatter that bars tokens on it, so the scatter
+    is its last reader and onnxruntime may bar them in the table's own buffer."""
+    graph = step_model(12, np.zeros(12, bool), np.zeros(12, bool)).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    readers = [n for n in graph.node if "content" in n.input]
+    (scatter,) = [n for n in readers if n.op_type == "ScatterElements"]
+    above, todo = set(), list(scatter.input)
+    while todo:
+        node = producer.get(todo.pop())
+        if node is not None and node.name not in above:
+            above.add(node.name)
+            todo.extend(node.input)
+    assert len(readers) >= 3 and {n.name for n in readers if n is not scatter} <= above
 
 
 def test_k_best_tokens_with_the_end_barred_are_the_tables_top_k():
