@@ -778,11 +778,13 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
 
 def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int
           ) -> Tuple[Canvases, Any]:
-    """The rows ``keep`` (A,) of the state and of the memory, in order (``n_keep`` of them), the canvases
-    trimmed to ``width``, the longest kept one (so a single canvas has no padding)."""
+    """The rows ``keep`` (A,) of the state and of the memory (``n_keep`` of them), longest canvas first (a backend
+    may then run the longer and the shorter rows of a pass apart, with less padding), the canvases trimmed to
+    ``width``, the longest kept one (so a single canvas has no padding)."""
     if n_keep == len(keep):
         return state, memory
-    idx = backend.xp.argsort(backend.xp.long(keep), descending=True)[:n_keep]  # kept rows first, in order
+    xp = backend.xp
+    idx = xp.argsort(xp.where(keep, state.lengths + 1, 0), descending=True)[:n_keep]  # kept rows, longest first
     return state.take(idx).trimmed(width), backend.reorder(memory, idx)
 
 

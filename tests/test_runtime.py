@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fairseq_insertion import loop as L
+from fairseq_insertion import runtime as RT
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.export import ExportError, export_model
@@ -92,6 +93,37 @@ def test_runtime_gives_the_generators_hypotheses(request, which, decoding, rules
     assert [g[0] for g in got] == [e[0] for e in expected]
     assert any(len(e[0]) for e in expected)
     np.testing.assert_allclose([g[1] for g in got], [e[1] for e in expected], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("decoding", ["parallel", "greedy"])
+@pytest.mark.parametrize("rules", sorted(RULES))
+@pytest.mark.parametrize("which", ["trained", "prenorm"])
+def test_passes_run_in_two_width_groups_give_the_generators_hypotheses(request, which, decoding, rules, monkeypatch):
+    """Every pass of two or more canvases split into its longer and its shorter rows (GROUPED 0), each group at its
+    own width: the generator's hypotheses and scores all the same, the pass graph run more often than the passes."""
+    _, model, task, out = request.getfixturevalue(which)
+    monkeypatch.setattr(RT, "GROUPED", 0.0)
+    config = DecodingConfig(decoding=decoding, eos_penalty=0.5, **RULES[rules])
+    translator = Translator(out, intra_threads=1)
+    graph, runs = translator._pass, []
+    monkeypatch.setattr(translator, "_pass", type("Counted", (), {"run": lambda self, *a: runs.append(1) or
+                                                                  graph.run(*a)})())
+    got = runtime_hypotheses(translator, task, config, 7)
+    expected = generator_hypotheses(model, task, config, 7)
+    assert [g[0] for g in got] == [e[0] for e in expected] and any(len(e[0]) for e in expected)
+    np.testing.assert_allclose([g[1] for g in got], [e[1] for e in expected], rtol=1e-4, atol=1e-4)
+    assert len(runs) > translator.stats["passes"]
+
+
+@pytest.mark.parametrize("lengths, groups", [
+    ([5], [(0, 1)]), ([4, 4, 4], [(0, 3)]), ([9, 9, 8, 2, 2, 1], [(0, 3), (3, 6)]),
+    ([9, 2, 2, 2, 2, 2, 2, 2], [(0, 1), (1, 8)]), ([7, 6, 6, 5], [(0, 4)]), ([3, 9, 1, 1], [(0, 2), (2, 4)])])
+def test_width_groups_split_where_the_positions_are_fewest(lengths, groups):
+    """Contiguous groups covering every row; two where the split saves at least GROUPED of the positions: a
+    canvas of 9 among 1s and 2s goes apart, lengths close together stay one group; rows out of order count at
+    their group's widest."""
+    got = RT.width_groups(np.asarray(lengths))
+    assert [(g.start, g.stop) for g in got] == groups
 
 
 def test_int8_export_decodes_every_line(trained, tmp_path):

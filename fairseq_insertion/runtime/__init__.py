@@ -406,14 +406,30 @@ class Translator:
 
     def _predict(self, state: Canvases, source: Source, opts: DecodingConfig, bounds: L.Bounds) -> SlotScores:
         """One pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for every open
-        slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`)."""
-        def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
+        slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`); the longer and the
+        shorter canvases apart where that saves enough padding (:func:`width_groups`)."""
+        def run(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice) -> Tuple[np.ndarray, ...]:
             # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
             open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
-            tokens, log_probs, eos_log_probs, location = self._pass.run(None, {
-                "framed": framed, **source.inputs, "open_slots": open_slots, **self._feeds(inputs, len(open_slots)),
-                "k": _ONE})  # (N, 1) x 3, (A, S)
-            return tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1), location
+            sources = source.inputs if rows == slice(None) else {k: v[rows] for k, v in source.inputs.items()}
+            return self._pass.run(None, {"framed": framed, **sources, "open_slots": open_slots,
+                                         **self._feeds(inputs, len(open_slots)), "k": _ONE})  # (N, 1) x 3, (A, S)
+
+        def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
+            groups = width_groups(state.lengths)
+            if len(groups) == 1:
+                tokens, log_probs, eos_log_probs, location = run(framed, open_, inputs, slice(None))
+                return tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1), location
+            location = np.full(open_.shape, L.NEG_INF, np.float32)  # (A, S)
+            ends = np.cumsum([int(open_[rows].sum()) for rows in groups])  # each group's open slots end here
+            outs = []
+            for rows, end, n in zip(groups, ends, np.diff(ends, prepend=0)):
+                width = int(state.lengths[rows].max()) + 2  # the group's framed width
+                tokens, log_probs, eos_log_probs, location[rows, :width - 1] = run(
+                    framed[rows, :width], open_[rows, :width - 1], _slot_range(inputs, rows, slice(end - n, end)),
+                    rows)  # the group's open slots: a range of the pass's, its rows being contiguous
+                outs.append((tokens, log_probs, eos_log_probs))
+            return (*(np.concatenate(values).reshape(-1) for values in zip(*outs)), location)
 
         return L.predict(L.NUMPY, state, bounds, opts, self._joins_next, self.bos, score)
 
@@ -443,6 +459,39 @@ class Translator:
     def _result(self, candidates: Sequence[Candidate]) -> TranslationResult:
         return TranslationResult(hypotheses=[[self.target_symbols[i] for i in c.ids.tolist()] for c in candidates],
                                  scores=[c.score for c in candidates], iterations=[c.iterations for c in candidates])
+
+
+GROUPED = 0.1
+"""A pass runs its longer and its shorter canvases apart (two runs of the pass graph) where that drops at least
+this share of the canvas positions the decoder would run (the padding of the shorter ones)."""
+
+
+def width_groups(lengths: np.ndarray) -> List[slice]:
+    """The rows of a pass, canvas ``lengths`` (A,) longest first (:func:`fairseq_insertion.loop.run` keeps them so
+    as sentences finish), as one group or two contiguous ones: two, split where the decoder's positions (each group
+    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of the one group's."""
+    A = len(lengths)
+    if A < 2:
+        return [slice(0, A)]
+    head = np.maximum.accumulate(lengths)  # (A,) the longest of rows 0..i
+    tail = np.maximum.accumulate(lengths[::-1])[::-1]  # (A,) the longest of rows i..A-1
+    at = np.arange(1, A)  # a split before row i
+    cost = at * (head[:-1] + 2) + (A - at) * (tail[1:] + 2)  # (A - 1,) framed positions of the two groups
+    i = int(cost.argmin())
+    whole = A * (int(head[-1]) + 2)
+    if whole - int(cost[i]) < GROUPED * whole:
+        return [slice(0, A)]
+    return [slice(0, i + 1), slice(i + 1, A)]
+
+
+def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs:
+    """The slot rule's inputs of the open slots ``slots`` (a range of the pass's, row-major) of the canvases
+    ``rows``."""
+    cut = lambda x: x[slots] if isinstance(x, np.ndarray) else x  # noqa: E731  (None, a float: as they are)
+    return inputs._replace(blocked=cut(inputs.blocked), eos_penalty=cut(inputs.eos_penalty),
+                           classes=cut(inputs.classes), no_end=cut(inputs.no_end),
+                           shortlist=None if inputs.shortlist is None else inputs.shortlist[rows],
+                           slot_rows=None if inputs.slot_rows is None else inputs.slot_rows[slots] - rows.start)
 
 
 def _count(value: Any, name: str, minimum: int) -> int:
