@@ -60,8 +60,7 @@ def product_models(product: Product) -> dict:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from fairseq_insertion.export.graph import IR_VERSION, OPSET
-    from fairseq_insertion.quantization import MS, per_row
+    from fairseq_insertion.export import IR_VERSION, OPSET, per_row
 
     w, K = product.weight, product.weight.shape[0]
     C = w.shape[1] // product.parts
@@ -78,7 +77,8 @@ def product_models(product: Product) -> dict:
         graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", K])],
                                   [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["M", part.shape[1]])
                                    for i, part in enumerate(parts)], inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
         m.ir_version = IR_VERSION
         return m
 
