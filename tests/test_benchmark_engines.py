@@ -175,7 +175,7 @@ def test_the_pass_profile_names_where_the_time_goes(kit, tmp_path):
                                  "share_outside_onnxruntime")]
         assert all(x >= 0 for x in shares) and abs(sum(shares) - 1) < 0.01, p
         assert p["passes"] == r["passes"] > 0 and p["pass_graph_nodes"] > 20 and r["mean_length"] > 1, p
-        assert p["graph_runs"] == r["passes"], p  # the pass graph runs once a pass
+        assert r["passes"] <= p["graph_runs"] <= 2 * r["passes"], p  # once a pass; twice in two width groups
         assert "MatMul" in " ".join(p["pass_kernel_share_by_op"]), p  # MatMul (fp32) or a quantized MatMul (int8)
     table = (out / "passes.md").read_text()
     assert "| tiny | int8 | 4 |" in table and "outside onnxruntime" in table
