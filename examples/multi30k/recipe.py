@@ -83,9 +83,16 @@ def evaluate(data: Path, checkpoint: Path, model: str, out: Path, betas: Sequenc
 
 # ---------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["all"]:  # raw text to the scored, exported insertion model: examples/multi30k/pipeline.py
+        from . import pipeline
+
+        return pipeline.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="step", required=True)
+    sub.add_parser("all", help="raw text to the scored, exported insertion model (python -m "
+                   "examples.multi30k.recipe all --help)", add_help=False)
 
     def common(p, data: bool = True):
         if data:
