@@ -262,3 +262,24 @@ def test_a_flag_of_another_command_is_reported(cli, flag):
     if cli == "fairseq-preprocess":
         args = ["--source-lang", "en", "--target-lang", "de"]
     assert check_command(cli, [*args, flag]) == [f"{cli} does not know {flag}"]
+
+
+# ---------------------------------------------------------------- plain words
+SHORTHAND = re.compile(r"\b(kit|kit's|sittings?|levers?|chain|chain's)\b|`-(long|longer|closest|cont)`", re.I)
+
+
+def shorthand(text: str) -> list[str]:
+    """The project's shorthand in a page's prose (link targets left out)."""
+    prose = re.sub(r"\]\([^)]*\)", "]", text)
+    return sorted({m.group(0) for m in SHORTHAND.finditer(prose)})
+
+
+def test_the_guide_pages_use_no_shorthand_and_results_defines_it():
+    for page in sorted((REPO / "docs").glob("*.md")):
+        if page.name != "results.md":
+            assert not shorthand(page.read_text(encoding="utf-8")), page.name
+    results = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    words = results[results.index("## Words these logs use"):results.index("\n## ", results.index("## Words") + 1)]
+    for term in ("the kit", "stage", "the chain", "`-long`", "`-cont`", "`-closest`", "`-longer`", "sitting", "lever"):
+        assert f"**{term}**" in words, term
+    assert shorthand("the kit's `-longer` model, two sittings")  # the check can fail
