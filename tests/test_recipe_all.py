@@ -98,3 +98,35 @@ def test_bad_flags_are_named_before_any_work(tmp_path, flags, message):
     done = recipe(tmp_path / "out", *flags)
     assert done.returncode == 1 and message in done.stderr
     assert not (tmp_path / "out" / "data").exists()
+
+
+LOG = """2026-12-04 18:36:01 | INFO | fairseq_cli.train | {'max_update': 1800, 'max_epoch': 0}
+2026-12-04 18:36:50 | INFO | train_inner | {"epoch": 1, "num_updates": "50", "wall": "110"}
+2026-12-04 18:38:42 | INFO | train_inner | {"epoch": 1, "num_updates": "100", "wall": "220"}
+"""
+
+
+def test_a_trainings_progress_is_one_line_with_the_time_left(tmp_path):
+    from examples.multi30k.pipeline import training_progress
+
+    log = tmp_path / "teacher" / "annealed" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(LOG.splitlines(keepends=True)[0])
+    assert training_progress(log) is None  # no update logged yet
+    log.write_text(LOG)
+    # 220 s for 100 updates: 1,700 left take 3,740 s
+    assert training_progress(log) == "teacher/annealed: update 100 of 1800, about 62 min left"
+
+
+def test_the_progress_watcher_reports_the_newest_log(tmp_path, capsys):
+    import time
+
+    from examples.multi30k.pipeline import progress
+
+    log = tmp_path / "insertion" / "continue1" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(LOG)
+    with progress(tmp_path, interval=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert err.count("insertion/continue1: update 100 of 1800") == 1  # once: unchanged lines are not repeated

@@ -30,11 +30,15 @@ fairseq's own log gives a training's rate. The defaults are the recipe of the pu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import steps, warm_start
@@ -99,6 +103,46 @@ def step(name: str, done: Path, log: dict) -> bool:
     print(f"[{i}/{len(STEPS)}] {name}: running", file=sys.stderr, flush=True)
     log.setdefault("started", {})[name] = time.time()
     return True
+
+
+_UPDATES = re.compile(r'"num_updates": "(\d+)"')
+_MAX_UPDATE = re.compile(r"max_update'?[:=] ?(\d+)")
+_WALL = re.compile(r'"wall": "(\d+)"')
+
+
+def training_progress(log: Path) -> str | None:
+    """A fairseq-train log's progress in one line (update U of M, minutes left at its rate so far), or None
+    before its first logged update."""
+    text = log.read_text(errors="replace")
+    total, updates, walls = _MAX_UPDATE.search(text), _UPDATES.findall(text), _WALL.findall(text)
+    if total is None or not updates or int(updates[-1]) == 0:
+        return None
+    done, total_updates = int(updates[-1]), int(total.group(1))
+    left = f", about {float(walls[-1]) / done * (total_updates - done) / 60:.0f} min left" if walls else ""
+    return f"{log.parent.parent.name}/{log.parent.name}: update {done} of {total_updates}{left}"
+
+
+@contextlib.contextmanager
+def progress(out: Path, interval: float = 60.0) -> Iterator[None]:
+    """While the block runs, every ``interval`` seconds: the progress of the training log under ``out``
+    written last (when it changed since the last report)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = None
+        while not stop.wait(interval):
+            logs = sorted(out.glob("**/train.log"), key=lambda p: p.stat().st_mtime)
+            line = training_progress(logs[-1]) if logs else None
+            if line and line != last:
+                print(f"  {line}", file=sys.stderr, flush=True)
+                last = line
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def data_step(args: argparse.Namespace, data: Path, log: dict) -> None:
@@ -271,6 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     data = args.out / "data"
     try:
         check(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+    except (RecipeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    with progress(args.out):
+        return run_steps(args, data)
+
+
+def run_steps(args: argparse.Namespace, data: Path) -> int:
+    try:
         data_step(args, data, {})
         teacher, trainings = teacher_step(args, data / "data-bin")
         results = insertion_step(args, data, teacher)
