@@ -130,3 +130,12 @@ def test_the_progress_watcher_reports_the_newest_log(tmp_path, capsys):
         time.sleep(0.3)
     err = capsys.readouterr().err
     assert err.count("insertion/continue1: update 100 of 1800") == 1  # once: unchanged lines are not repeated
+
+
+def test_a_second_run_with_other_flags_is_refused_naming_them(first_run):
+    out, _ = first_run
+    report = (out / "report.json").stat().st_mtime_ns
+    done = recipe(out, "--stages", "2", "--seeds", "13", "16")
+    assert done.returncode == 1
+    assert "--seeds [13, 15] -> [13, 16]" in done.stderr and "give a new --out" in done.stderr
+    assert (out / "report.json").stat().st_mtime_ns == report

@@ -9,14 +9,14 @@ finished; a training killed midway resumes from its own ``checkpoint_last.pt``):
    OUT/data;
 2. ``teacher``: a fairseq Transformer (the teacher, the model the insertion model learns from) trained in two
    parts: ``--teacher-updates`` updates of an inverse-square-root schedule, then ``--anneal-updates`` more
-   with the learning rate decayed linearly to 0 (a model trained to the end: its learning rate annealed).
+   with the learning rate warmed up again over 100 updates and decayed linearly to 0 (annealed).
    ``--from-teacher CKPT`` skips this step and uses your own Transformer, trained on OUT/data's dictionaries;
 3. ``insertion``: ``examples.warm_start`` with the teacher: its distillation (of its five beam-5 candidates for
    each training sentence, the one closest to the reference replaces the target), the insertion model
    initialised from the teacher's weights and trained ``--stage-updates`` updates, then ``--stages`` - 1
    further stages of as many updates each (the optimizer and schedule restarted), the EOS penalty (beta)
-   of each stage chosen on valid (the smallest within 0.1 BLEU of the best), valid and test scored against
-   the teacher's greedy and beam-5 translations;
+   of each stage chosen on valid (the smallest within 0.1 BLEU of the best), valid and test scored (BLEU against
+   the references) beside the teacher's greedy and beam-5 translations;
 4. ``export``: the last stage's model for the runtime (``fairseq_insertion.export``, ONNX, with the
    tokeniser and BPE record), checked by translating the first raw test sentences with it;
 5. ``report``: OUT/report.md and OUT/report.json: BLEU and its ratio to the teacher, iterations against
@@ -24,13 +24,15 @@ finished; a training killed midway resumes from its own ``checkpoint_last.pt``):
 
 Progress: each step prints its name, the commands it runs and the log each writes (``tail -f`` it);
 fairseq's own log gives a training's rate. The defaults are the recipe of the published results
-(docs/results.md); the tiny flags (``--train-lines``, ``--layers``, ...) make a quick trial.
+(docs/results.md); the size flags (``--train-lines``, ``--layers``, ...) make a quick trial. A second run
+into the same OUT must give the same flags (OUT/recipe.json records them).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import re
 import shlex
@@ -92,6 +94,28 @@ def check(args: argparse.Namespace) -> None:
         raise RecipeError(f"--seeds: {len(args.seeds)} seeds for {args.stages} stages (give one a stage)")
     if args.from_teacher is not None and not args.from_teacher.is_file():
         raise RecipeError(f"--from-teacher {args.from_teacher}: not found")
+    missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RecipeError(f"the export step needs {' and '.join(missing)}: pip install -e \".[deploy]\"")
+
+
+# the flags that decide what the steps make: a later run into the same OUT must give the same ones
+RECORDED = ("src", "tgt", "train_lines", "test_lines", "bpe_merges", "from_teacher", "layers", "dim", "heads", "ffn",
+            "max_tokens", "teacher_updates", "anneal_updates", "stage_updates", "stages", "seeds", "betas")
+
+
+def same_flags(args: argparse.Namespace) -> None:
+    """Record the flags in OUT/recipe.json; refuse a run whose flags differ from the recorded ones (its finished
+    steps would be kept as they are), naming each."""
+    record = args.out / "recipe.json"
+    flags = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in RECORDED}
+    if record.is_file():
+        before = json.loads(record.read_text())
+        changed = [f"--{k.replace('_', '-')} {before.get(k)} -> {v}" for k, v in flags.items() if before.get(k) != v]
+        if changed:
+            raise RecipeError(f"{args.out} was made with other flags ({'; '.join(changed)}): give a new --out")
+    else:
+        record.write_text(json.dumps(flags, indent=2))
 
 
 def step(name: str, done: Path, log: dict) -> bool:
@@ -316,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(args)
         args.out.mkdir(parents=True, exist_ok=True)
+        same_flags(args)
     except (RecipeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
