@@ -63,6 +63,14 @@ def test_prepare_small(tmp_path: Path) -> None:
     assert codes[0].startswith("#version")
     assert len(codes) == 201
 
+    # a second run into the same --out: one clear line, the data left as it was
+    before = (bin_dir / "train.src-tgt.src.bin").stat().st_mtime_ns
+    again = _run(str(EXAMPLES / "prepare.py"), "--out", str(out), "--raw-dir", str(RAW_DIR))
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: {bin_dir} already holds prepared data: give a new --out, or remove {bin_dir} to prepare it again")
+    assert (bin_dir / "train.src-tgt.src.bin").stat().st_mtime_ns == before
+
 
 def test_prepare_mismatched_line_counts(tmp_path: Path) -> None:
     raw = tmp_path / "raw"

@@ -196,6 +196,9 @@ def prepare(
     """Run the whole pipeline; return the number of lines per split and the vocabulary size."""
     if src == tgt:
         raise PrepareError("--src and --tgt must differ")
+    if (out / "data-bin" / "dict.src.txt").is_file():
+        raise PrepareError(f"{out / 'data-bin'} already holds prepared data: give a new --out, or remove "
+                           f"{out / 'data-bin'} to prepare it again")
     out.mkdir(parents=True, exist_ok=True)
     if raw_dir is None:
         raw_dir = download_raw(out / "raw_download", [src, tgt])
