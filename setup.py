@@ -15,6 +15,8 @@ setup(
         "sacremoses",
         "subword-nmt",
         "sacrebleu",
+        # --bpe sentencepiece (fairseq's optional dependency) and the runtime's raw-text path with a SentencePiece model
+        "sentencepiece",
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist>=3.5", "filelock", "hypothesis", "ruff==0.17.6"],

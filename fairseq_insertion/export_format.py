@@ -32,6 +32,7 @@ SHORTLIST = "shortlist.npz"  # the lexical shortlist table (export --shortlist),
 VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
+SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
 PRECISIONS = ("fp32", "int8")
 # how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
 # size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)

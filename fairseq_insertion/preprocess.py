@@ -36,9 +36,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 RECORD = "preprocess.json"  # beside a data-bin: how its text was prepared
 GAP = "___"  # inside a constraint, a template's open slot
 GAP_SPLIT = re.compile(r"(?<!\S)___(?!\S)")  # ___ as a whole whitespace-delimited word
-TOKENIZERS = ("moses",)
-BPE_KINDS = ("subword_nmt",)
+TOKENIZERS = ("moses", "none")  # none: the line goes to the subword model as it is (SentencePiece setups)
+BPE_KINDS = ("subword_nmt", "sentencepiece")
+SPM_SPACE = "\u2581"  # SentencePiece's word-start mark
 LANG = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+MADEUP = re.compile(r"madeupword\d{4}")  # fairseq-preprocess's padding of a dictionary to a multiple of 8
 
 
 class PreprocessError(ValueError):
@@ -47,7 +49,8 @@ class PreprocessError(ValueError):
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How raw text was prepared for a model (see the module); ``bpe_codes``: a subword-nmt codes file."""
+    """How raw text was prepared for a model (see the module); ``bpe_codes``: the subword model's file (subword-nmt
+    codes with ``bpe="subword_nmt"``, a SentencePiece model with ``bpe="sentencepiece"``)."""
 
     source_lang: str = "en"
     target_lang: str = "de"
@@ -139,6 +142,8 @@ def tokenize_line(line: str, settings: Preprocessing, lang: Optional[str] = None
     line = line.strip()
     if not line:
         return ""
+    if settings.tokenizer == "none":
+        return line.lower() if settings.lowercase else line
     normalizer, tokenizer = _moses(lang or settings.source_lang, settings.normalize_punctuation)
     if normalizer is not None:
         line = normalizer.normalize(line)
@@ -151,24 +156,47 @@ def apply_bpe_line(words: str, settings: Preprocessing) -> str:
     """The BPE step of :func:`prepare_line` on a tokenised line (none without ``bpe_codes``)."""
     if not words or settings.bpe_codes is None:
         return words
+    if settings.bpe == "sentencepiece":
+        return " ".join(_spm(settings.bpe_codes, _stamp(settings.bpe_codes)).encode(words, out_type=str))
     return _bpe(settings.bpe_codes, settings.bpe_separator, _stamp(settings.bpe_codes)).process_line(words).strip()
 
 
 def detokenize(pieces: Sequence[str], settings: Preprocessing) -> str:
-    """Output pieces as text: the BPE joins removed, Moses-detokenised in the target language."""
+    """Output pieces as text: the subword joins removed (SentencePiece: as fairseq's ``--post-process
+    sentencepiece``), Moses-detokenised in the target language with ``tokenizer="moses"``."""
     text = " ".join(pieces)
-    if settings.bpe_codes is not None:
+    if settings.bpe == "sentencepiece":
+        text = text.replace(" ", "").replace(SPM_SPACE, " ").strip()
+    elif settings.bpe_codes is not None:
         text = (text + " ").replace(settings.bpe_separator + " ", "")
+    if settings.tokenizer == "none":
+        return " ".join(text.split())
     return _detokenizer(settings.target_lang).detokenize(text.split(), unescape=settings.escape)
 
 
 def load(settings: Preprocessing) -> None:
     """Load what :func:`prepare_line` and :func:`detokenize` use, so that a missing package or a bad
     codes file is refused before any line is read."""
-    _moses(settings.source_lang, settings.normalize_punctuation)
-    _detokenizer(settings.target_lang)
-    if settings.bpe_codes is not None:
+    if settings.tokenizer == "moses":
+        _moses(settings.source_lang, settings.normalize_punctuation)
+        _detokenizer(settings.target_lang)
+    if settings.bpe_codes is not None and settings.bpe == "sentencepiece":
+        _spm(settings.bpe_codes, _stamp(settings.bpe_codes))
+    elif settings.bpe_codes is not None:
         _bpe(settings.bpe_codes, settings.bpe_separator, _stamp(settings.bpe_codes))
+
+
+def check_vocabulary(settings: Preprocessing, symbols: Sequence[str], where: str) -> None:
+    """Refuse a SentencePiece model that did not make ``symbols`` (``where``'s, e.g. a dictionary's, without its
+    special symbols; fairseq's ``madeupword`` padding ignored): each must be one of its pieces."""
+    if settings.bpe != "sentencepiece" or settings.bpe_codes is None:
+        return
+    model = _spm(settings.bpe_codes, _stamp(settings.bpe_codes))
+    pieces = {model.id_to_piece(i) for i in range(model.get_piece_size())}
+    missing = [s for s in symbols if s not in pieces and not MADEUP.fullmatch(s)]
+    if missing:
+        raise PreprocessError(f"{settings.bpe_codes}: not the SentencePiece model of {where}: {len(missing)} of its "
+                              f"{len(symbols)} symbols are not pieces of it (e.g. {missing[0]!r})")
 
 
 def _import(module: str, name: str) -> Any:
@@ -212,9 +240,24 @@ def _bpe(path: str, separator: str, stamp: Tuple[int, int]) -> Any:
     raise PreprocessError(f"{path}: not subword-nmt BPE codes ({reason or 'unreadable'})")
 
 
+@functools.lru_cache(maxsize=8)
+def _spm(path: str, stamp: Tuple[int, int]) -> Any:
+    """The SentencePiece model of a file."""
+    try:
+        import sentencepiece
+    except ImportError as exc:
+        raise PreprocessError(f"a SentencePiece model needs the sentencepiece package ({exc}): "
+                              "pip install sentencepiece") from None
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=path)
+    except (OSError, RuntimeError) as exc:
+        raise PreprocessError(f"{path}: not a SentencePiece model ({' '.join(str(exc).split())})") from None
+
+
 # ---------------------------------------------------------------- command-line options
 OPTIONS = {  # flag: (field, type); an on/off field's flag also has its --no- form
-    "--source-lang": ("source_lang", str), "--target-lang": ("target_lang", str), "--bpe-codes": ("bpe_codes", str),
+    "--source-lang": ("source_lang", str), "--target-lang": ("target_lang", str), "--bpe": ("bpe", str),
+    "--bpe-codes": ("bpe_codes", str),
     "--normalize-punctuation": ("normalize_punctuation", bool),
     "--aggressive-dash-splits": ("aggressive_dash_splits", bool), "--escape": ("escape", bool),
     "--lowercase": ("lowercase", bool),
@@ -222,30 +265,38 @@ OPTIONS = {  # flag: (field, type); an on/off field's flag also has its --no- fo
 
 
 def add_arguments(group: Any, recorded: str) -> None:
-    """``--tokenizer moses`` and the settings' options on an argparse parser or group, each None when not
+    """``--tokenizer moses|none`` and the settings' options on an argparse parser or group, each None when not
     given; ``recorded`` says where the settings come from when they are not given."""
     group.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
-                       help=f"raw text: Moses and subword-nmt BPE (the settings: {recorded}, changed by the options)")
+                       help=f"raw text: moses (Moses, then subword-nmt BPE) or none (the text as it is, then the "
+                            f"subword model; a SentencePiece model's setups); the settings: {recorded}, changed by "
+                            "the options")
     for flag, (field, kind) in OPTIONS.items():
         default = getattr(Preprocessing(), field)
         if kind is bool:
             group.add_argument(flag, dest=field, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"with --tokenizer moses (default {'on' if default else 'off'})")
+                               help=f"with --tokenizer (default {'on' if default else 'off'})")
+        elif field == "bpe":
+            group.add_argument(flag, dest=field, choices=BPE_KINDS, default=None,
+                               help=f"with --tokenizer: the subword model's kind (default {default})")
         else:
-            group.add_argument(flag, dest=field, default=None, help=f"with --tokenizer moses (default {default})")
+            aliases = ("--sentencepiece-model",) if field == "bpe_codes" else ()
+            what = "the subword model's file, BPE codes or a SentencePiece model; " if aliases else ""
+            group.add_argument(flag, *aliases, dest=field, default=None,
+                               help=f"with --tokenizer: {what}default {default}")
 
 
 def from_arguments(args: argparse.Namespace, recorded: Optional[Preprocessing], where: str) -> Optional[Preprocessing]:
-    """The settings of ``--tokenizer moses``: ``recorded``'s (``where`` names it), with the options given
-    applied; None without ``--tokenizer``. Refused: an option without ``--tokenizer moses``, and no codes."""
+    """The settings of ``--tokenizer``: ``recorded``'s (``where`` names it), with the options given
+    applied; None without ``--tokenizer``. Refused: an option without ``--tokenizer``, and no codes."""
     given = {field: getattr(args, field) for field, _ in OPTIONS.values() if getattr(args, field, None) is not None}
     if args.tokenizer is None:
         if given:
             flag = next(f for f, (field, _) in OPTIONS.items() if field in given)
-            raise PreprocessError(f"{flag} is used with --tokenizer moses (raw text)")
+            raise PreprocessError(f"{flag} is used with --tokenizer (raw text)")
         return None
     if "bpe_codes" not in given and (recorded is None or recorded.bpe_codes is None):
-        raise PreprocessError(f"--tokenizer moses needs --bpe-codes when {where} records none")
+        raise PreprocessError(f"--tokenizer {args.tokenizer} needs --bpe-codes when {where} records none")
     for flag, (field, _) in OPTIONS.items():
         problem = _problem(field, given.get(field))
         if field in given and problem:
@@ -253,5 +304,6 @@ def from_arguments(args: argparse.Namespace, recorded: Optional[Preprocessing], 
     return dataclasses.replace(recorded or Preprocessing(), tokenizer=args.tokenizer, **given)
 
 
-__all__ = ["PreprocessError", "Preprocessing", "RECORD", "add_arguments", "apply_bpe_line", "detokenize",
+__all__ = ["PreprocessError", "Preprocessing", "RECORD", "add_arguments", "apply_bpe_line", "check_vocabulary",
+           "detokenize",
            "from_arguments", "load", "prepare_line", "read_record", "tokenize_line", "write_record"]

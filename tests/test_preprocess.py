@@ -120,12 +120,12 @@ def test_a_record_round_trips_with_its_codes_relative(tmp_path):
 
 
 BAD_RECORDS = {  # key: value, the message
-    "tokenizer": ("spacy", "tokenizer must be one of ['moses'], got 'spacy'"),
+    "tokenizer": ("spacy", "tokenizer must be one of ['moses', 'none'], got 'spacy'"),
     "source_lang": ("en us", "source_lang must be a language code such as 'en', got 'en us'"),
     "target_lang": (7, "target_lang must be a language code"),
     "normalize_punctuation": ("yes", "normalize_punctuation must be true or false, got 'yes'"),
     "aggressive_dash_splits": (1, "aggressive_dash_splits must be true or false, got 1"),
-    "bpe": ("sentencepiece", "bpe must be one of ['subword_nmt']"),
+    "bpe": ("wordpiece", "bpe must be one of ['subword_nmt', 'sentencepiece']"),
     "bpe_separator": ("", "bpe_separator must be a non-empty string without whitespace"),
     "bpe_codes": (3, "bpe_codes must be a path or null, got 3"),
     "beam": (5, "has unknown key(s) ['beam']"),
@@ -304,8 +304,8 @@ def test_options_given_to_the_export_are_recorded(prepared, model, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--bpe-codes", "x"], "--bpe-codes is used with --tokenizer moses"),
-    (["--no-normalize-punctuation"], "--normalize-punctuation is used with --tokenizer moses"),
+    (["--bpe-codes", "x"], "--bpe-codes is used with --tokenizer"),
+    (["--no-normalize-punctuation"], "--normalize-punctuation is used with --tokenizer"),
     (["--tokenizer", "moses"], "--tokenizer moses needs --bpe-codes"),
     (["--tokenizer", "moses", "--bpe-codes", "BIN/none"], "BIN/none: No such file or directory"),
     (["--tokenizer", "moses", "--bpe-codes", "BIN/bad"], "BIN/bad: not subword-nmt BPE codes (Error: invalid line 1"),
@@ -342,7 +342,7 @@ def drop_codes_record(d: Path) -> None:
 
 BAD_EXPORTS = {  # what is done to the export, the file named and what the message says
     "tokenizer": (bad_record("tokenizer", "spacy"), "settings.json",
-                  "preprocessing.tokenizer must be one of ['moses'], got 'spacy'"),
+                  "preprocessing.tokenizer must be one of ['moses', 'none'], got 'spacy'"),
     "language": (bad_record("source_lang", ""), "settings.json", "preprocessing.source_lang must be a language code"),
     "flag a string": (bad_record("normalize_punctuation", "true"), "settings.json",
                       "preprocessing.normalize_punctuation must be true or false, got 'true'"),

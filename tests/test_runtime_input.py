@@ -282,7 +282,7 @@ def test_the_constructor_refuses_bad_arguments_naming_them(export, kwargs, messa
 
 # ---------------------------------------------------------------- the command line's arguments
 @pytest.mark.parametrize("args,message", [
-    (["--bpe-codes", "codes"], "--bpe-codes is used with --tokenizer moses"),
+    (["--bpe-codes", "codes"], "--bpe-codes is used with --tokenizer"),
     (["--tokenizer", "moses"], "--tokenizer moses needs --bpe-codes"),
     (["--tokenizer", "moses", "--bpe-codes", "codes", "--post-process", "subword_nmt"],
      "--post-process applies to subword pieces"),

@@ -6,7 +6,7 @@ Steps, each skipped when its output is in OUT (a killed run started again goes o
 finished; a training killed midway resumes from its own ``checkpoint_last.pt``):
 
 1. ``data``: ``prepare.py`` (Moses tokenisation, joint BPE, ``fairseq-preprocess`` with one dictionary) into
-   OUT/data;
+   OUT/data; with ``--spm N``, a joint SentencePiece model of N pieces on the raw text instead of Moses and BPE;
 2. ``teacher``: a fairseq Transformer (the teacher, the model the insertion model learns from) trained in two
    parts: ``--teacher-updates`` updates of an inverse-square-root schedule, then ``--anneal-updates`` more
    with the learning rate warmed up again over 100 updates and decayed linearly to 0 (annealed).
@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-lines", type=int, default=None, help="use the first N training lines")
     g.add_argument("--test-lines", type=int, default=None, help="use the first N valid and test lines")
     g.add_argument("--bpe-merges", type=int, default=8000, help="joint BPE merges (default 8000)")
+    g.add_argument("--spm", type=int, default=None, metavar="VOCAB_SIZE",
+                   help="a joint SentencePiece model of VOCAB_SIZE pieces on the raw text instead of Moses and BPE")
     g.add_argument("--layers", type=int, default=3, help="encoder and decoder layers (default 3)")
     g.add_argument("--dim", type=int, default=256, help="model dimension (default 256)")
     g.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check(args: argparse.Namespace) -> None:
     """Bad flags, named, before any work."""
     for name in ("teacher_updates", "anneal_updates", "stage_updates", "stages", "layers", "dim", "heads", "ffn",
-                 "max_tokens", "check_lines", "train_lines", "test_lines", "bpe_merges"):
+                 "max_tokens", "check_lines", "train_lines", "test_lines", "bpe_merges", "spm"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise RecipeError(f"--{name.replace('_', '-')} {value}: give a positive number")
@@ -100,8 +102,8 @@ def check(args: argparse.Namespace) -> None:
 
 
 # the flags that decide what the steps make: a later run into the same OUT must give the same ones
-RECORDED = ("src", "tgt", "train_lines", "test_lines", "bpe_merges", "from_teacher", "layers", "dim", "heads", "ffn",
-            "max_tokens", "teacher_updates", "anneal_updates", "stage_updates", "stages", "seeds", "betas")
+RECORDED = ("src", "tgt", "train_lines", "test_lines", "bpe_merges", "spm", "from_teacher", "layers", "dim", "heads",
+            "ffn", "max_tokens", "teacher_updates", "anneal_updates", "stage_updates", "stages", "seeds", "betas")
 
 
 def same_flags(args: argparse.Namespace) -> None:
@@ -173,7 +175,7 @@ def data_step(args: argparse.Namespace, data: Path, log: dict) -> None:
     if step("data", data / "data-bin" / "dict.src.txt", log):
         try:
             prepare(data, args.raw_dir, src=args.src, tgt=args.tgt, bpe_merges=args.bpe_merges,
-                    train_lines=args.train_lines, test_lines=args.test_lines)
+                    train_lines=args.train_lines, test_lines=args.test_lines, spm=args.spm)
         except PrepareError as exc:
             raise RecipeError(str(exc)) from exc
 
@@ -208,12 +210,18 @@ def teacher_step(args: argparse.Namespace, data_bin: Path) -> tuple[Path, list[d
     return annealed / "checkpoint_last.pt", trainings
 
 
+def scoring(args: argparse.Namespace) -> list[str]:
+    """examples.warm_start's flags that turn outputs into text for BLEU: BPE joins undone and Moses-detokenised
+    (``--lang``), or with ``--spm`` fairseq's ``--post-process sentencepiece`` alone."""
+    return ["--lang", "none", "--post-process", "sentencepiece"] if args.spm else ["--lang", args.tgt]
+
+
 def insertion_step(args: argparse.Namespace, data: Path, teacher: Path) -> dict:
     out = args.out / "insertion"
     if step("insertion", out / "results.json", {}):
         argv = ["--teacher", str(teacher), "--data-bin", str(data / "data-bin"),
                 "--valid-ref", str(data / "raw" / "valid.tgt"), "--test-ref", str(data / "raw" / "test.tgt"),
-                "--lang", args.tgt, "--out", str(out), "--device", args.device,
+                *scoring(args), "--out", str(out), "--device", args.device,
                 "--updates", str(args.stage_updates), "--lr", "1e-3", "--warmup", str(min(300, args.stage_updates)),
                 "--save-every", "300", "--average", "1", "--betas", *map(str, args.betas),
                 "--curve-beta", str(args.betas[0]), "--candidates", *map(str, args.betas), "--lenpens", "2",
@@ -239,7 +247,8 @@ def export_step(args: argparse.Namespace, data: Path, results: dict) -> dict:
         lines = read_reference(data / "raw" / "test.src")[:args.check_lines]
         source = args.out / "export.check.src"
         source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        translate = [sys.executable, "-m", "fairseq_insertion.runtime", "translate", str(out), "--tokenizer", "moses"]
+        translate = [sys.executable, "-m", "fairseq_insertion.runtime", "translate", str(out), "--tokenizer",
+                     "none" if args.spm else "moses"]
         run(translate, args.out / "export.check.log", stdout=args.out / "export.check.out", stdin=source)
         outputs = (args.out / "export.check.out").read_text(encoding="utf-8").splitlines()
         if len(outputs) != len(lines):
@@ -262,9 +271,10 @@ def teacher_valid(args: argparse.Namespace, data: Path, teacher: Path) -> float:
     """The teacher's greedy BLEU on valid (kept in OUT/teacher_valid.json)."""
     marker = args.out / "teacher_valid.json"
     if not marker.is_file():
+        lang, post_process = (None, "sentencepiece") if args.spm else (args.tgt, "subword_nmt")
         r = steps.decode(data / "data-bin", teacher, args.out / "decode" / "teacher.valid.out",
-                         read_reference(data / "raw" / "valid.tgt"), args.tgt, "transformer", "valid", beam=1,
-                         device=args.device)
+                         read_reference(data / "raw" / "valid.tgt"), lang, "transformer", "valid", beam=1,
+                         device=args.device, post_process=post_process)
         marker.write_text(json.dumps({"bleu": r["bleu"], "command": r["command"]}, indent=2))
     return json.loads(marker.read_text())["bleu"]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare Multi30k (task 1) for fairseq: Moses tokenisation, joint BPE, binarisation.
+"""Prepare Multi30k (task 1) for fairseq: Moses and joint BPE, or a joint SentencePiece model; binarisation.
 
 Example::
 
@@ -11,7 +11,8 @@ multi30k/dataset GitHub repository into ``OUT/raw_download``.
 
 Outputs under ``--out``:
 
-* ``bpe.codes``                         joint BPE codes (subword-nmt)
+* ``bpe.codes``                         joint BPE codes (subword-nmt); with ``--spm N`` instead
+  ``spm.model`` and ``spm.vocab``, a joint SentencePiece model of N pieces (unigram), on the raw lines
 * ``tok/{train,valid,test}.{src,tgt}``  tokenised + BPE'd text
 * ``raw/{valid,test}.{src,tgt}``        original lines (references for detokenised BLEU)
 * ``data-bin/``                         ``fairseq-preprocess`` output (joined dictionary)
@@ -19,7 +20,9 @@ Outputs under ``--out``:
   which ``python -m fairseq_insertion.export`` records in an export for the runtime to replay
 
 Every line is prepared by ``fairseq_insertion.preprocess.prepare_line``'s steps: Moses punctuation
-normalisation and tokenisation (no XML escaping, dashes kept within words), then the joint BPE.
+normalisation and tokenisation (no XML escaping, dashes kept within words), then the joint BPE; with
+``--spm`` the raw line (stripped) goes to the SentencePiece model as it is, as fairseq's ``--bpe
+sentencepiece`` encodes it (no Moses step).
 
 ``--train-lines`` limits the training split, ``--test-lines`` limits both the
 valid and the test split (first N lines); both are meant for tests and quick runs.
@@ -180,6 +183,24 @@ def apply_bpe(lines: list[str], codes: Path, workers: int = 1,
     return _parallel(_bpe_chunk, settings, "", lines, workers)
 
 
+def learn_spm(prefix: Path, lines: list[str], vocab_size: int, workers: int = 1) -> Path:
+    """A joint SentencePiece model (unigram, every character covered) of ``vocab_size`` pieces learnt on
+    ``lines``: ``prefix.model`` (returned) and ``prefix.vocab``."""
+    try:
+        import sentencepiece
+    except ImportError as exc:
+        raise PrepareError(f"--spm needs the sentencepiece package ({exc}): pip install sentencepiece") from None
+    print(f"learning a joint SentencePiece model ({vocab_size} pieces) ...", file=sys.stderr)
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter([line for line in lines if line]), model_prefix=str(prefix),
+            vocab_size=vocab_size, character_coverage=1.0, model_type="unigram", num_threads=workers,
+            minloglevel=2)
+    except RuntimeError as exc:
+        raise PrepareError(f"--spm {vocab_size}: {' '.join(str(exc).split())}") from None
+    return prefix.with_suffix(".model")
+
+
 # ---------------------------------------------------------------- pipeline
 
 
@@ -192,6 +213,7 @@ def prepare(
     train_lines: int | None = None,
     test_lines: int | None = None,
     workers: int = 2,
+    spm: int | None = None,
 ) -> dict[str, int]:
     """Run the whole pipeline; return the number of lines per split and the vocabulary size."""
     if src == tgt:
@@ -223,6 +245,8 @@ def prepare(
         raw[split] = {"src": src_lines, "tgt": tgt_lines}
 
     settings = Preprocessing(source_lang=src, target_lang=tgt)
+    if spm is not None:
+        settings = dataclasses.replace(settings, tokenizer="none", normalize_punctuation=False, bpe="sentencepiece")
     print(f"tokenising ({workers} workers) ...", file=sys.stderr)
     tok: dict[str, dict[str, list[str]]] = {
         split: {
@@ -244,14 +268,17 @@ def prepare(
                 file=sys.stderr,
             )
 
-    codes = out / "bpe.codes"
-    print(f"learning joint BPE ({bpe_merges} merges) ...", file=sys.stderr)
-    with codes.open("w", encoding="utf-8") as handle:
-        learn_bpe(
-            io.StringIO("\n".join(tok["train"]["src"] + tok["train"]["tgt"]) + "\n"),
-            handle,
-            bpe_merges,
-        )
+    if spm is not None:
+        codes = learn_spm(out / "spm", tok["train"]["src"] + tok["train"]["tgt"], spm, workers)
+    else:
+        codes = out / "bpe.codes"
+        print(f"learning joint BPE ({bpe_merges} merges) ...", file=sys.stderr)
+        with codes.open("w", encoding="utf-8") as handle:
+            learn_bpe(
+                io.StringIO("\n".join(tok["train"]["src"] + tok["train"]["tgt"]) + "\n"),
+                handle,
+                bpe_merges,
+            )
 
     tok_dir, ref_dir = out / "tok", out / "raw"
     for split, sides in tok.items():
@@ -300,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         help="joint BPE merge operations (default: 8000)",
     )
     parser.add_argument(
+        "--spm", type=int, metavar="VOCAB_SIZE",
+        help="a joint SentencePiece model of VOCAB_SIZE pieces on the raw text instead of Moses and BPE",
+    )
+    parser.add_argument(
         "--train-lines", type=int, help="use only the first N training lines"
     )
     parser.add_argument(
@@ -309,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", type=int, default=2, help="worker processes (default: 2)"
     )
     args = parser.parse_args(argv)
-    for name in ("bpe_merges", "train_lines", "test_lines", "workers"):
+    for name in ("bpe_merges", "spm", "train_lines", "test_lines", "workers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -324,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             train_lines=args.train_lines,
             test_lines=args.test_lines,
             workers=args.workers,
+            spm=args.spm,
         )
     except PrepareError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Export a trained insertion model for deployment: ONNX graphs, the dictionaries and the settings.
 
     python -m fairseq_insertion.export --path CHECKPOINT --data DATA-BIN --out DIR [--int8 [dynamic]] \
-        [decoding options] [--tokenizer moses --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
+        [decoding options] [--tokenizer moses|none --bpe-codes CODES --source-lang SRC --target-lang TGT ...]
 
 DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fairseq, no torch):
 
@@ -22,10 +22,12 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   sha256 of every other file, which the runtime checks when it loads them; and, when known, how raw
   text was prepared for the model (``preprocessing``: :class:`~fairseq_insertion.preprocess.Preprocessing`,
   which the runtime replays on raw text);
-* ``bpe.codes``: the preprocessing's subword-nmt codes, when it has them.
+* ``bpe.codes``: the preprocessing's subword-nmt codes, or ``spm.model``: its SentencePiece model, when it has one
+  (checked first: each symbol of the target dictionary must be one of the SentencePiece model's pieces).
 
 The preprocessing is ``DATA-BIN/preprocess.json`` (``examples/multi30k/prepare.py`` writes it) when
-there is one; ``--tokenizer moses`` with ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
+there is one; ``--tokenizer moses|none`` with ``--bpe``, ``--bpe-codes`` (``--sentencepiece-model``),
+``--source-lang``, ``--target-lang``,
 ``--[no-]normalize-punctuation``, ``--[no-]aggressive-dash-splits``, ... changes it, or gives it when
 there is none.
 

@@ -25,6 +25,7 @@ from ..export_format import (
     SETTINGS,
     SHORTLIST,
     SPECIAL_IDS,
+    SPM_MODEL,
     VOCABS,
     file_digests,
 )
@@ -112,13 +113,20 @@ class ExportFile(NamedTuple):
 
 
 # a previous export's are removed (and the step and loop graphs earlier versions wrote, which nothing reads)
-OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, "step.onnx", "loop.onnx")
+OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, SPM_MODEL, "step.onnx", "loop.onnx")
 
 
-def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist], codes: Optional[str]
-                   ) -> List[ExportFile]:
+def subword_file(preprocessing: Optional[P.Preprocessing]) -> Optional[str]:
+    """The export's name for the preprocessing's subword model, if it has one."""
+    if preprocessing is None or preprocessing.bpe_codes is None:
+        return None
+    return SPM_MODEL if preprocessing.bpe == "sentencepiece" else BPE_CODES
+
+
+def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist],
+                   preprocessing: Optional[P.Preprocessing]) -> List[ExportFile]:
     """The optional files of an export, in the order ``settings.json`` lists them: the scorer's graph, the
-    shortlist, the preprocessing's BPE codes (``codes``: their path)."""
+    shortlist, the preprocessing's subword model (BPE codes or a SentencePiece model)."""
     def graph(build: Callable[[], "onnx.ModelProto"], name: str) -> Callable[[Path], None]:
         def write(out: Path) -> None:
             with torch.no_grad():
@@ -132,8 +140,9 @@ def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist], 
     if shortlist is not None:
         files.append(ExportFile(SHORTLIST, lambda out: shortlist.save(out / SHORTLIST), False,
                                 ("shortlist", SHORTLIST)))
-    if codes:
-        files.append(ExportFile(BPE_CODES, lambda out: shutil.copyfile(codes, out / BPE_CODES)))
+    name = subword_file(preprocessing)
+    if name:
+        files.append(ExportFile(name, lambda out: shutil.copyfile(preprocessing.bpe_codes, out / name)))
     return files
 
 
@@ -194,14 +203,18 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
                           "unkpen 0")
     if preprocessing is not None:
-        P.load(preprocessing)  # the codes are subword-nmt's, before anything is written
+        try:  # the codes are subword-nmt's or the model SentencePiece's, matching the dictionary, before any writing
+            P.load(preprocessing)
+            P.check_vocabulary(preprocessing, tgt_dict.symbols[tgt_dict.nspecial:], "the target dictionary")
+        except P.PreprocessError as exc:
+            raise ExportError(str(exc)) from None
     if shortlist is not None and (shortlist.target_vocab, len(shortlist.translations)) != (len(tgt_dict),
                                                                                            len(src_dict)):
         raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
                           f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
     out.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out, shortlist is not None)
-    files = optional_files(scorer, shortlist, preprocessing and preprocessing.bpe_codes)
+    files = optional_files(scorer, shortlist, preprocessing)
     for name in OPTIONAL_FILES:
         (out / name).unlink(missing_ok=True)
     for f in files:
@@ -213,8 +226,7 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional
     values = settings(model, src_dict, tgt_dict, config, int8)
     values.update(f.setting for f in files if f.setting is not None)
     if preprocessing is not None:
-        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=preprocessing.bpe_codes and
-                                                      BPE_CODES).record()
+        values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=subword_file(preprocessing)).record()
     values["files"] = file_digests(out, (*CHECKED, *(f.name for f in files)))
     (out / SETTINGS).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return out

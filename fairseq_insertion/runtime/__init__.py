@@ -64,7 +64,15 @@ from .. import loop as L
 from ..config import RUNTIME_OPTIONS, DecodingConfig
 from ..export_format import TranslatorError
 from ..loop import Canvases, SlotScores
-from ..preprocess import GAP, PreprocessError, Preprocessing, detokenize, prepare_constraint, prepare_line
+from ..preprocess import (
+    GAP,
+    PreprocessError,
+    Preprocessing,
+    check_vocabulary,
+    detokenize,
+    prepare_constraint,
+    prepare_line,
+)
 from ..slots import Shortlist, shortlist_rows
 
 logger = logging.getLogger(__name__)
@@ -258,6 +266,7 @@ class Translator:
             raise TranslatorError(f"{self.model_dir / F.SETTINGS}: records no preprocessing (export with "
                                   "--tokenizer moses ... or pass preprocessing=Preprocessing(...))")
         try:
+            check_vocabulary(settings, self.words(), "the export's target vocabulary")
             source = [prepare_line(line, settings).split() for line in lines]
             pieces = None if constraints is None else [
                 [prepare_constraint(c, settings).split() for c in phrases] for phrases in constraints]
@@ -265,6 +274,11 @@ class Translator:
             return [detokenize(r.hypotheses[0], settings) for r in results]
         except PreprocessError as exc:
             raise TranslatorError(str(exc)) from None
+
+    def words(self) -> List[str]:
+        """The target vocabulary without its special symbols."""
+        specials = {self.bos, self.eos, self.pad, self.unk}
+        return [s for i, s in enumerate(self.target_symbols) if i not in specials]
 
     def options(self, **options: Any) -> DecodingConfig:
         """The options of a call: the export's, with ``options`` (DecodingConfig's field names) applied."""

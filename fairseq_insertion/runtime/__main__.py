@@ -1,14 +1,17 @@
 """Translate with an exported insertion model, one output line per input line, in order.
 
     python -m fairseq_insertion.runtime translate DIR [--input FILE] [--batch-size N] [--threads N] \\
-        [--tokenizer moses [--bpe-codes CODES --source-lang SRC --target-lang TGT ...]] [decoding options]
+        [--tokenizer moses|none [--bpe-codes CODES --source-lang SRC --target-lang TGT ...]] [decoding options]
 
 Input lines are the model's subword pieces (BPE'd text), output lines the same; with
-``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer moses`` the input is
-raw text, prepared as the model's training data was (the preprocessing the export recorded, each of
-its settings changed by the options given: ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
+``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer`` the input is raw text,
+prepared as the model's training data was (the preprocessing the export recorded, each of its settings
+changed by the options given: ``--bpe``, ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
 ``--[no-]normalize-punctuation``, ...; an export that records none needs ``--bpe-codes``), and the
-output is detokenised text. The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
+output is detokenised text: ``--tokenizer moses`` for Moses and subword-nmt BPE, ``--tokenizer none`` for
+a SentencePiece model (``--bpe sentencepiece --sentencepiece-model MODEL`` when the export records none),
+the text going to it as it is, as with fairseq-interactive's ``--bpe sentencepiece``.
+The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
 skipped, an invalid byte read as U+FFFD with a warning) and translated --batch-size lines at a
 time, each batch's lines written and flushed before the next is read; the output is UTF-8
 whatever the locale. An empty line, one that tokenises to nothing, or one the model cannot take
@@ -19,8 +22,8 @@ the export switched on. Errors are one line on standard error, with exit status 
 
 With ``--constraints`` (fairseq-interactive's format) each input line is the source, then its hard
 constraints after tabs (``source<TAB>constraint<TAB>constraint``; ``___`` inside one marks a template
-gap): each appears in the output verbatim, whole words, in the given order. With ``--tokenizer
-moses`` the constraints are raw target text, prepared as the target side was.
+gap): each appears in the output verbatim, whole words, in the given order. With ``--tokenizer`` the
+constraints are raw target text, prepared as the target side was.
 """
 
 from __future__ import annotations
@@ -80,11 +83,12 @@ def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
 
 def text_pipeline(args: argparse.Namespace, translator: Translator) -> Text:
     """How a line becomes source pieces (and constraint pieces), and target pieces an output line: with
-    ``--tokenizer moses``, the export's recorded preprocessing with the options given applied (its codes
-    read before any line)."""
+    ``--tokenizer``, the export's recorded preprocessing with the options given applied (its subword model read,
+    and checked against the target vocabulary, before any line)."""
     settings = P.from_arguments(args, translator.preprocessing, str(translator.model_dir / SETTINGS))
     if settings is not None:
         P.load(settings)
+        P.check_vocabulary(settings, translator.words(), "the export's target vocabulary")
         return Text(lambda line: P.prepare_line(line, settings).split(), lambda pieces: P.detokenize(pieces, settings),
                     lambda c: P.prepare_constraint(c, settings).split())
     if args.post_process == "subword_nmt":
@@ -144,11 +148,12 @@ def check_arguments(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with a combination of arguments, if anything."""
     if args.tokenizer is None:
         try:
-            P.from_arguments(args, None, "")  # an option of raw text without --tokenizer moses
+            P.from_arguments(args, None, "")  # an option of raw text without --tokenizer
         except P.PreprocessError as exc:
             return str(exc)
-    if args.tokenizer == "moses" and args.post_process != "none":
-        return "--post-process applies to subword pieces out; with --tokenizer moses the output is detokenised text"
+    if args.tokenizer is not None and args.post_process != "none":
+        return (f"--post-process applies to subword pieces out; with --tokenizer {args.tokenizer} the output is "
+                "detokenised text")
     if args.batch_size < 1:
         return f"--batch-size must be >= 1, got {args.batch_size}"
     if args.threads < 0:
