@@ -174,6 +174,30 @@ def _restore_checkpoint(args: Any) -> Optional[str]:
     return restore if os.path.exists(restore) else None
 
 
+def decoder_embeddings_shared(args: Any) -> bool:
+    """Whether the insertion model's decoder input and output embeddings are one table when the command line
+    does not say (no ``--share-decoder-input-output-embed``, ``--share-all-embeddings``): as the teacher's with
+    ``--init-from-transformer`` (as the checkpoint fairseq-train resumes from, when it resumes), else one."""
+    path = getattr(args, "init_from_transformer", None)
+    if not path or getattr(args, "share_all_embeddings", False):
+        return True
+    restored = _restore_checkpoint(args)
+    if restored is None:
+        state = transformer_checkpoint(path, "--init-from-transformer")
+    else:
+        try:
+            state = checkpoint_utils.load_checkpoint_to_cpu(restored)
+        except Exception as e:  # noqa: BLE001 -- unpickling, refused by the safe loader, ...
+            raise unreadable_checkpoint(restored, "--restore-file", e) from e
+    cfg = state["cfg"]["model"]
+    shared = bool(getattr(cfg, "share_decoder_input_output_embed", False) or getattr(cfg, "share_all_embeddings",
+                                                                                       False))
+    if not shared:
+        logger.info("%s: its decoder's output projection is its own table, and so is the insertion model's",
+                    restored or path)
+    return shared
+
+
 def warm_start(model: nn.Module, args: Any, dictionaries: Optional[DictionaryFiles]) -> None:
     """Apply ``--init-from-transformer`` to a freshly built insertion model at the start of training.
 

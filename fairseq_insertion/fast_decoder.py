@@ -111,20 +111,26 @@ class EncoderCache(NamedTuple):
                              source_keep=None if keep is None else keep.index_select(0, order))
 
 
-def cacheable(decoder: TransformerDecoderBase) -> bool:
-    """Whether :func:`cached_slot_states` covers these layers (plain pre- or post-norm
-    layers with encoder attention; not NormFormer, cross-self-attention, bias_kv, or
-    attention dropout kept at inference), in inference."""
-    def plain(attn) -> bool:
-        return (attn is not None and attn.bias_k is None and not attn.add_zero_attn
-                and not attn.dropout_module.apply_during_inference)
+def uncovered(decoder: TransformerDecoderBase) -> List[str]:
+    """What of the decoder's layers :func:`cached_slot_states` does not cover, named by fairseq's flags (it
+    covers plain pre- or post-norm layers with encoder attention)."""
+    layers = decoder.layers
+    attns = [a for layer in layers for a in (layer.self_attn, layer.encoder_attn) if a is not None]
+    found = {
+        "--cross-self-attention": decoder.cross_self_attention or any(layer.cross_self_attention for layer in layers),
+        "--no-cross-attention": any(layer.encoder_attn is None for layer in layers),
+        "--retain-dropout": any(a.dropout_module.apply_during_inference for a in attns),
+        "NormFormer (--scale-attn, --scale-fc, --scale-heads, --scale-resids)": any(
+            layer.c_attn is not None or layer.attn_ln is not None or layer.ffn_layernorm is not None
+            or layer.w_resid is not None for layer in layers),
+        "attention bias_kv / add_zero_attn": any(a.bias_k is not None or a.add_zero_attn for a in attns),
+    }
+    return [flag for flag, there in found.items() if there]
 
-    return not decoder.training and not decoder.cross_self_attention and all(
-        plain(layer.self_attn) and plain(layer.encoder_attn) and not layer.cross_self_attention
-        and layer.c_attn is None and layer.attn_ln is None and layer.ffn_layernorm is None
-        and layer.w_resid is None
-        for layer in decoder.layers
-    )
+
+def cacheable(decoder: TransformerDecoderBase) -> bool:
+    """Whether :func:`cached_slot_states` covers these layers (nothing :func:`uncovered`), in inference."""
+    return not decoder.training and not uncovered(decoder)
 
 
 def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[Tensor]],

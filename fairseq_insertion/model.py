@@ -46,6 +46,7 @@ from .checkpoints import (
     DictionaryFiles,
     check_checkpoint_file,
     check_dictionaries,
+    decoder_embeddings_shared,
     dictionary_files,
     unreadable_checkpoint,
 )
@@ -265,6 +266,15 @@ class InsertionTransformerModel(TransformerModel):
                              f"insertion_translation task, not {type(task).__name__}: add "
                              "--user-dir REPO/fairseq_insertion --task insertion_translation")
         base_architecture(args)
+        if getattr(args, "share_decoder_input_output_embed", None) is None:  # the arch's default: the teacher's
+            args.share_decoder_input_output_embed = decoder_embeddings_shared(args)
+        for flag, given in (("--adaptive-softmax-cutoff", getattr(args, "adaptive_softmax_cutoff", None)),
+                            ("--decoder-output-dim", getattr(args, "decoder_output_dim", args.decoder_embed_dim)
+                             != args.decoder_embed_dim and args.decoder_output_dim)):
+            if given:  # the slot head scores every slot's decoder state against the whole output embedding
+                raise ValueError(f"{flag} {given}: the Insertion Transformer's slot head reads the decoder's "
+                                 f"states (--decoder-embed-dim {args.decoder_embed_dim}) and scores the whole "
+                                 f"vocabulary; train without {flag}")
         model = super().build_model(args, task)
         dec = model.decoder
         dec.head = SlotHead(dec.output_embed_dim, len(task.target_dictionary), args.content_location,
@@ -374,8 +384,9 @@ def _defaults(args, **values) -> None:
 @register_model_architecture(MODEL_NAME, "insertion_transformer")
 def base_architecture(args) -> None:
     """The paper's transformer_base: 6+6 layers, 512, 8 heads, FFN 2048."""
-    _defaults(args, share_decoder_input_output_embed=True, content_location="factorized", context_bias=False,
-              mixture_components=1, termination="slot")
+    _defaults(args, content_location="factorized", context_bias=False, mixture_components=1, termination="slot")
+    # not given: decided when the model is built (decoder_embeddings_shared), kept None through fairseq's defaults
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", None) or None
     transformer_base_architecture(args)
 
 

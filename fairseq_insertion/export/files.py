@@ -29,7 +29,7 @@ from ..export_format import (
     VOCABS,
     file_digests,
 )
-from ..fast_decoder import cacheable
+from ..fast_decoder import uncovered
 from ..slots import Shortlist
 from .graph import ExportError
 from .layers import encoder_graph, pass_graph, scorer_graph
@@ -47,13 +47,12 @@ def check_exportable(model: nn.Module) -> None:
     if head.context_bias is not None:
         unsupported.append("--context-bias")
     if getattr(model.decoder, "adaptive_softmax", None) is not None:
-        unsupported.append("an adaptive softmax")
+        unsupported.append("--adaptive-softmax-cutoff")
     model.eval()
-    if not cacheable(model.decoder):
-        unsupported.append("decoder layers other than plain pre-/post-norm layers with encoder attention")
+    unsupported += uncovered(model.decoder)
     if unsupported:
-        raise ExportError("the export covers the factorized slot head of plain Transformer layers; this model has "
-                          + ", ".join(unsupported))
+        raise ExportError("the export covers the factorized slot head of plain pre- or post-norm Transformer layers; "
+                          "this model has " + ", ".join(unsupported))
 
 
 def load(path: Path, data: Path) -> Tuple[nn.Module, object]:

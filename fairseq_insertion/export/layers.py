@@ -83,7 +83,7 @@ def _ffn(g: Graph, layer) -> Callable[[str], str]:
     return lambda h: _linear(g, _activation(g, _linear(g, h, layer.fc1), layer.activation_fn), layer.fc2)
 
 
-def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str:
+def _embed(g: Graph, tokens: str, keep: str, module, encoder: bool) -> str:
     """fairseq's token embedding x scale + positions (numbered 1, 2, ... over the real tokens,
     padding_idx + position as fairseq's make_positions) + embedding layer norm; tokens (A, T). (Positions
     sliced from the table by the canvas width instead would cost onnxruntime its shape inference, and with
@@ -94,6 +94,9 @@ def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str
     x = g.op("Gather", g.const(weight, "embed_tokens"), tokens)  # (A, T, C)
     if module.embed_scale != 1.0 and getattr(module, "project_in_dim", None) is not None:
         x = g.op("Mul", x, g.scalar(module.embed_scale))
+    noise = getattr(module, "quant_noise", None)  # --quant-noise-pq's product: the decoder's here, the encoder's last
+    if noise is not None and not encoder:
+        x = _linear(g, x, noise)
     if getattr(module, "project_in_dim", None) is not None:
         x = _linear(g, x, module.project_in_dim)
     if module.embed_positions is not None:
@@ -108,7 +111,9 @@ def _embed(g: Graph, tokens: str, keep: str, module, scale_padding: bool) -> str
         x = g.op("Add", x, g.op("Gather", g.const(table, "positions"), positions))
     if getattr(module, "layernorm_embedding", None) is not None:
         x = _layer_norm(g, x, module.layernorm_embedding)
-    if scale_padding:  # the encoder zeroes the embeddings of padding
+    if noise is not None and encoder:
+        x = _linear(g, x, noise)
+    if encoder:  # the encoder zeroes the embeddings of padding
         x = g.op("Mul", x, g.op("Unsqueeze", g.op("Cast", keep, to=TensorProto.FLOAT), g.ints(-1)))
     return x
 
@@ -122,7 +127,7 @@ def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
     """fairseq's TransformerEncoderBase in inference on ``src_tokens`` (B, S): its output (B, S, C) and
     where the tokens are real (B, S)."""
     keep = g.op("Not", g.op("Equal", "src_tokens", g.const(np.asarray(enc.padding_idx, np.int64), "pad")))
-    x = _embed(g, "src_tokens", keep, enc, scale_padding=True)
+    x = _embed(g, "src_tokens", keep, enc, encoder=True)
     mask = _mask(g, keep)
     for layer in enc.layers:
         before = layer.normalize_before
@@ -160,7 +165,7 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
     configured), the final layer norm and output projection: its final states (A, T, C) and where the
     tokens are real (A, T)."""
     keep = g.op("Not", g.op("Equal", tokens, g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, T)
-    x = _embed(g, tokens, keep, dec, scale_padding=False)  # (A, T, C)
+    x = _embed(g, tokens, keep, dec, encoder=False)  # (A, T, C)
     mask = _mask(g, keep)
     for layer, (k, v) in zip(dec.layers, keys_values):
         before = layer.normalize_before
