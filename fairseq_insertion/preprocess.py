@@ -170,7 +170,7 @@ def detokenize(pieces: Sequence[str], settings: Preprocessing) -> str:
     elif settings.bpe_codes is not None:
         text = (text + " ").replace(settings.bpe_separator + " ", "")
     if settings.tokenizer == "none":
-        return " ".join(text.split())
+        return text.strip()  # as fairseq's post-processing leaves it (two spaces where a piece is a lone mark)
     return _detokenizer(settings.target_lang).detokenize(text.split(), unescape=settings.escape)
 
 
