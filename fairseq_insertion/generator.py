@@ -6,7 +6,7 @@ constraints, from a canvas that holds them, with the slots inside a constraint
 closed: see :func:`decoding.constraint_canvas`) and repeats one step per pass:
 
 * predict: the model scores the open slots of every active canvas
-  (:meth:`InsertionGenerator._predict`, the torch side), reusing the encoder's keys and values;
+  (:meth:`ModelBackend.score_slots`, the torch side), reusing the encoder's keys and values;
 * choose: one step rule picks the insertions (:class:`~fairseq_insertion.loop.ParallelStep`,
   :class:`~fairseq_insertion.loop.GreedySlotStep`, :class:`~fairseq_insertion.loop.GreedySequenceStep`),
   chosen once;
@@ -45,7 +45,7 @@ from .decoding import (
     first_occurrence,
     order_segments,
 )
-from .loop import Canvases, SlotScores
+from .loop import Canvases
 
 logger = logging.getLogger(__name__)
 
@@ -62,31 +62,34 @@ class CandidateScorer(Protocol):
 
 @dataclass(frozen=True)
 class ModelBackend:
-    """The torch side of :func:`fairseq_insertion.loop.decode`: one pass of the model over the open slots, the
-    encoder cache following the sentences that go on, the first insertions and the reranker's scores."""
+    """The torch model as :func:`fairseq_insertion.loop.decode`'s :class:`~fairseq_insertion.loop.Backend`: a pass of
+    the model over the open slots with the slot rule, the encoder cache following the sentences that go on, and
+    the reranker's scores of the candidates."""
 
-    generator: "InsertionGenerator"
     model: Any
+    slot_rule: S.SlotRule
+    rerank: Optional[CandidateScorer]
     src_tokens: Tensor  # (B, S) for the reranker
     src_lengths: Tensor  # (B,)
-    edges: WordEdges
+    eos: int
+    pad: int
     xp: Any = TORCH
 
-    def predict(self, state: Canvases, cache: Any, bounds: L.Bounds) -> SlotScores:
-        return self.generator._predict(self.model, state, cache, self.edges, bounds)
+    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int) -> L.SlotChoice:
+        """Only the open slots are projected onto the vocabulary, and only the log-normaliser (logsumexp) of each
+        is computed: no (A, S, V) log-softmax."""
+        content, location = self.model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
+        tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs, k)  # (N, k), (N, k), (N, 1)
+        return L.SlotChoice(tokens, log_probs, eos_log_probs, location)
 
-    def reorder(self, cache: Any, rows: Tensor) -> Any:
-        return self.model.reorder_decoding_cache(cache, rows)
+    def reorder(self, cache: Any, keep: Tensor) -> Any:
+        return self.model.reorder_decoding_cache(cache, keep)
 
-    def first_tokens(self, cache: Any, batch: int, k: int, shortlist: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        return self.generator._first_tokens(self.model, cache, k, batch, self.src_tokens.device, shortlist)
-
-    def score(self, tokens: Tensor, lengths: Tensor, per_source: int) -> Optional[Tensor]:
-        g = self.generator
-        if g.rerank is None:
+    def score_candidates(self, tokens: Tensor, lengths: Tensor, per_source: int) -> Optional[Tensor]:
+        if self.rerank is None:
             return None
-        target = L.candidate_targets(TORCH, tokens, lengths, g.eos, g.pad)  # (B n, W)
-        return g.rerank.log_probs(self.src_tokens, self.src_lengths, target, per_source)
+        target = L.candidate_targets(TORCH, tokens, lengths, self.eos, self.pad)  # (B n, W)
+        return self.rerank.log_probs(self.src_tokens, self.src_lengths, target, per_source)
 
 
 class InsertionGenerator:
@@ -186,13 +189,15 @@ class InsertionGenerator:
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
         init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
-        backend = ModelBackend(self, model, src_tokens, src_lengths, self.word_edges.to(src_tokens.device))
+        backend = ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad)
+        edges = self.word_edges.to(src_tokens.device)
+        options = L.DecodeOptions(cfg, _termination(model), self.bos, self.eos, self.pad, self.tgt_dict.unk(),
+                                  edges.joins_next if edges.active else None)
         unordered = cfg.constraint_order == "unordered" and constraints is not None
         shortlist = None if self.shortlist is None else torch.from_numpy(S.shortlist_rows(
             self.shortlist, src_tokens.cpu().numpy(), (self.bos, self.pad, self.eos, self.tgt_dict.unk()),
             init.tokens.cpu().numpy())).to(src_tokens.device)
-        found = L.decode(backend, cache, init, max_len, cfg, _termination(model), self.eos, self.pad,
-                         self.word_edges.active, _reorder_constraints if unordered else None,
+        found = L.decode(backend, cache, init, max_len, options, _reorder_constraints if unordered else None,
                          self._record if cfg.retain_history else None, shortlist)
         hypos = self._hypos(found, src_tokens.size(0))
         self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
@@ -242,17 +247,6 @@ class InsertionGenerator:
             rows.append(h)
         return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
 
-    def _first_tokens(self, model, cache, k: int, B: int, device, shortlist: Optional[Tensor] = None
-                      ) -> Tuple[Tensor, Tensor]:
-        """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`):
-        the empty canvas's one slot, end-of-slot, bos, pad and unk excluded, best first (B, k), and their
-        log p(c | l) (B, k)."""
-        framed = torch.tensor([self.bos, self.eos], device=device).expand(B, 2)  # (B, 2) the empty canvases
-        content, _ = model.decode_slots(framed, cache, framed.new_ones(B, 1, dtype=torch.bool))  # (B, V)
-        barred = L.first_insertion_inputs(TORCH, B, self.tgt_dict.unk(), framed, shortlist)
-        tokens, log_probs, _ = S.choose(self.slot_rule, content, barred, k)  # (B, k) each
-        return tokens, log_probs
-
     def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:
         """The empty canvas of every line, or the one holding its constraints."""
         if constraints is None:
@@ -262,21 +256,6 @@ class InsertionGenerator:
                              f"(fairseq.token_generation_constraints.pack_constraints); got {constraints!r}")
         # a pad token inside a constraint is a template gap (___)
         return constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
-
-    def _predict(self, model, state: Canvases, cache, edges: WordEdges, bounds: L.Bounds) -> SlotScores:
-        """One forward pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for
-        every open slot (the slot rule, :func:`fairseq_insertion.slots.choose`).
-
-        Only the open slots are projected onto the vocabulary, and only the
-        log-normaliser (logsumexp) of each is computed: no (A, S, V) log-softmax
-        (greedy sequence finalization's best (slot, token) is the best slot's best token).
-        """
-        def score(framed: Tensor, open_: Tensor, inputs: L.SlotInputs) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-            content, location = model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
-            tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs)  # (N, 1) each
-            return tokens[:, 0], log_probs[:, 0], eos_log_probs[:, 0], location
-
-        return L.predict(TORCH, state, bounds, self.config, edges.joins_next, self.bos, score)
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""

@@ -88,16 +88,25 @@ def test_binary_tree_weights_by_hand():
 
 
 # ---------------------------------------------------------------- insertion
+def insert(xp, canvas, lengths, slot_tokens, insert_mask, pad):
+    """The loop's insertion of ``slot_tokens[l]`` into every slot l where ``insert_mask`` (B, S): the new canvas
+    trimmed to the longest row, and the new lengths."""
+    new_lengths = lengths + insert_mask.sum(1)
+    width = int(new_lengths.max()) if canvas.shape[0] > 0 else 0
+    dest = L.insertion_destinations(xp, lengths, insert_mask, canvas.shape[1], width)
+    return L.place(xp, dest, canvas, slot_tokens, width, pad), new_lengths
+
+
 def test_insert_parallel_and_single():
     canvas = torch.tensor([[10, 11, 12], [20, PAD, PAD]])
     lengths = torch.tensor([3, 1])
     toks = torch.tensor([[5, 6, 7, 8], [9, 4, 0, 0]])
     mask = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    out, new = L.insert(TORCH, canvas, lengths, toks, mask, PAD)
+    out, new = insert(TORCH, canvas, lengths, toks, mask, PAD)
     assert new.tolist() == [6, 3]
     assert out.tolist() == [[5, 10, 11, 7, 12, 8], [9, 20, 4, PAD, PAD, PAD]]
     # greedy: one insertion into an empty canvas
-    out, new = L.insert(TORCH, torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), torch.tensor([[42]]),
+    out, new = insert(TORCH, torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), torch.tensor([[42]]),
                         torch.tensor([[True]]), PAD)
     assert out.tolist() == [[42]] and new.tolist() == [1]
 
@@ -113,7 +122,7 @@ def test_insert_matches_list_insertion_on_random_cases():
         S = K + 1
         toks = torch.randint(50, 99, (B, S), generator=gen)
         mask = (torch.rand(B, S, generator=gen) < 0.5) & L.slot_mask(TORCH, lengths, S)
-        out, new = L.insert(TORCH, canvas, lengths, toks, mask, PAD)
+        out, new = insert(TORCH, canvas, lengths, toks, mask, PAD)
         for b in range(B):
             ref = []
             for slot in range(int(lengths[b]) + 1):

@@ -19,6 +19,10 @@ BOS, PAD, EOS = 0, 1, 2
 BACKENDS = {"numpy": (L.NUMPY, np.asarray), "torch": (TORCH, torch.tensor)}
 
 
+def options_(config: DecodingConfig) -> L.DecodeOptions:
+    return L.DecodeOptions(config, "slot", BOS, EOS, PAD, unk=3)
+
+
 class Oracle:
     """A backend whose pass knows the targets: each open slot's token is the (left) middle of the target
     tokens still missing there, end-of-slot where none is; every score 0."""
@@ -26,27 +30,30 @@ class Oracle:
     def __init__(self, xp, wrap, targets: List[List[int]]):
         self.xp, self.wrap, self.targets = xp, wrap, targets
 
-    def predict(self, state: L.Canvases, memory, bounds: L.Bounds) -> L.SlotScores:
-        xp = self.xp
-        S = state.tokens.shape[1] + 1
-        open_ = L.open_slots(xp, state, S)
+    def score_slots(self, rows, framed, open_, inputs, k: int) -> L.SlotChoice:
+        """``rows``: the memory, each active canvas's target."""
         tokens = []
-        for a, row in enumerate(np.asarray(state.rows).tolist()):
-            canvas, target = np.asarray(state.tokens[a])[:int(state.lengths[a])].tolist(), self.targets[row]
+        for a, row in enumerate(np.asarray(rows).tolist()):
+            canvas = [t for t in np.asarray(framed[a]).tolist()[1:] if t != PAD][:-1]
+            target = self.targets[row]
             cuts, j = [0], 0
             for tok in canvas:  # the canvas is a subsequence of the target
                 j = target.index(tok, j) + 1
                 cuts.append(j)
             cuts.append(len(target) + 1)
             spans = [target[cuts[i]:cuts[i + 1] - 1] for i in range(len(canvas) + 1)]
-            tokens += [span[(len(span) - 1) // 2] if span else EOS for span in spans]
-        n = len(tokens)
+            row_tokens = [span[(len(span) - 1) // 2] if span else EOS for span in spans]
+            tokens += row_tokens + [EOS] * (open_.shape[1] - len(row_tokens))  # (S,) each row's slots
+        tokens = np.asarray(tokens, np.int64)[np.asarray(open_).reshape(-1)][:, None]  # (N, 1) the open slots'
         location = self.wrap(np.where(np.asarray(open_), 0.0, -np.inf).astype(np.float32))
-        zeros = self.wrap(np.zeros(n, np.float32))
-        return L.slot_scores(xp, open_, self.wrap(np.asarray(tokens, np.int64)), zeros, zeros, location, EOS, False)
+        zeros = self.wrap(np.zeros((len(tokens), 1), np.float32))
+        return L.SlotChoice(self.wrap(tokens), zeros, zeros, location)
 
-    def reorder(self, memory, rows):
-        return memory
+    def reorder(self, rows, keep):
+        return rows[keep]
+
+    def score_candidates(self, tokens, lengths, per_source):
+        return None
 
 
 def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[int], record=None, **options):
@@ -57,8 +64,8 @@ def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[
                        closed_end=wrap(np.zeros(B, bool)), lengths=wrap(np.zeros(B, np.int64)),
                        iterations=wrap(np.zeros(B, np.int64)), final_eos=wrap(np.zeros(B, np.float32)),
                        max_len=wrap(np.asarray(max_len, np.int64)))
-    bounds = L.Bounds.build(xp, DecodingConfig(decoding=decoding, **options), "slot", EOS, PAD)
-    out, passes = L.run(Oracle(xp, wrap, targets), state, None, bounds, record)
+    bounds = L.Bounds.build(xp, options_(DecodingConfig(decoding=decoding, **options)))
+    out, passes = L.run(Oracle(xp, wrap, targets), state, wrap(np.arange(B)), bounds, record)
     lengths = np.asarray(out.lengths).tolist()
     return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), passes
 
@@ -144,17 +151,21 @@ def test_predict_scores_the_open_slots(backend):
                        closed_end=wrap(np.zeros(2, bool)), lengths=wrap(np.asarray([2, 1], np.int64)),
                        iterations=wrap(np.zeros(2, np.int64)), final_eos=wrap(np.zeros(2, np.float32)),
                        max_len=wrap(np.asarray([9, 9], np.int64)))
-    config = DecodingConfig(block_neighbour_copies=True)
-    bounds = L.Bounds.build(xp, config, "slot", EOS, PAD)
+    bounds = L.Bounds.build(xp, options_(DecodingConfig(block_neighbour_copies=True)))
     seen = {}
 
-    def score(framed, open_, inputs):
-        seen.update(framed=np.asarray(framed), open=np.asarray(open_), blocked=np.asarray(inputs.blocked))
-        n = int(np.asarray(open_).sum())
-        return (wrap(np.arange(10, 10 + n, dtype=np.int64)), wrap(np.full(n, -1.0, np.float32)),
-                wrap(np.full(n, -2.0, np.float32)), wrap(np.zeros((2, 3), np.float32)))
+    class Scorer:
+        def score_slots(self, memory, framed, open_, inputs, k):
+            seen.update(framed=np.asarray(framed), open=np.asarray(open_), blocked=np.asarray(inputs.blocked), k=k)
+            n = int(np.asarray(open_).sum())
+            return L.SlotChoice(wrap(np.arange(10, 10 + n, dtype=np.int64)[:, None]),
+                                wrap(np.full((n, 1), -1.0, np.float32)), wrap(np.full((n, 1), -2.0, np.float32)),
+                                wrap(np.zeros((2, 3), np.float32)))
 
-    p = L.predict(xp, state, bounds, config, None, BOS, score)
+    scorer = Scorer()
+    scorer.xp = xp
+    p = L.predict(scorer, state, None, bounds)
+    assert seen["k"] == 1
     assert seen["framed"].tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
     assert seen["open"].tolist() == [[True, True, True], [True, True, False]]
     # each open slot's neighbours, row-major, bos and eos not

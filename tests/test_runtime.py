@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fairseq_insertion import loop as L
-from fairseq_insertion import runtime as RT
+from fairseq_insertion.runtime import backend as RT
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.export import ExportError, export_model

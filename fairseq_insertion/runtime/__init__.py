@@ -55,7 +55,7 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -63,7 +63,6 @@ from .. import export_format as F
 from .. import loop as L
 from ..config import RUNTIME_OPTIONS, DecodingConfig
 from ..export_format import TranslatorError
-from ..loop import Canvases, SlotScores
 from ..preprocess import (
     GAP,
     PreprocessError,
@@ -74,10 +73,9 @@ from ..preprocess import (
     prepare_line,
 )
 from ..slots import Shortlist, shortlist_rows
+from .backend import Constants, OnnxBackend, Source
 
 logger = logging.getLogger(__name__)
-_ONE = np.ones(1, np.int64)  # the pass's k: its best token per open slot
-_ONE.flags.writeable = False
 
 __all__ = ["RUNTIME_OPTIONS", "Preprocessing", "TranslatorError", "TranslationResult", "Translator"]
 
@@ -100,42 +98,6 @@ class Candidate(NamedTuple):
     ids: np.ndarray
     score: float
     iterations: int
-
-
-class Source(NamedTuple):
-    """What every pass reuses of the active sentences' source side, as the pass graph takes it."""
-
-    inputs: Dict[str, np.ndarray]  # each decoder layer's keys and values (A, heads, S, d); src_mask (A, S) int32
-
-    def take(self, idx: np.ndarray) -> "Source":
-        return Source({name: np.take(value, idx, axis=0) for name, value in self.inputs.items()})  # numpy's
-        # fancy indexing copies an (A, L, C) array ten times slower
-
-
-@dataclass(frozen=True)
-class Passes:
-    """The runtime's side of :func:`fairseq_insertion.loop.decode`: ONNX Runtime's pass over the open slots of
-    the active sentences, with one call's options; the source side follows the sentences that go on; the
-    first insertions; the export's scorer, when it has one, on the sources ``src`` (B, S)."""
-
-    translator: "Translator"
-    opts: DecodingConfig
-    src: np.ndarray
-    xp: Any = L.NUMPY
-
-    def predict(self, state: Canvases, source: Source, bounds: L.Bounds) -> SlotScores:
-        return self.translator._predict(state, source, self.opts, bounds)
-
-    def reorder(self, source: Source, rows: np.ndarray) -> Source:
-        return source.take(rows)
-
-    def first_tokens(self, source: Source, batch: int, k: int, shortlist: Optional[np.ndarray]
-                     ) -> Tuple[np.ndarray, np.ndarray]:
-        return self.translator._first_tokens(source, batch, k, shortlist)
-
-    def score(self, tokens: np.ndarray, lengths: np.ndarray, per_source: int) -> Optional[np.ndarray]:
-        t = self.translator
-        return None if t._scorer is None else t._score(self.src, tokens, lengths, per_source)
 
 
 class Translator:
@@ -203,7 +165,7 @@ class Translator:
             self._scorer = _session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         self._source_names = F.source_names(m["decoder_layers"])
-        self._constants: Dict[Tuple[Any, str], np.ndarray] = {}
+        self._constants = Constants()
         self.stats: Dict[str, int] = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
         """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
         not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
@@ -378,8 +340,10 @@ class Translator:
         names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
         source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
                          "src_mask": (src != self.src_pad).astype(np.int32)})
-        found = L.decode(Passes(self, opts, src), source, start, max_len, opts, self.termination, self.eos, self.pad,
-                         self.word_scheme != "none", shortlist=shortlist)
+        backend = OnnxBackend(self._pass, self._scorer, src, self._constants, self.eos, self.pad)
+        options = L.DecodeOptions(opts, self.termination, self.bos, self.eos, self.pad, self.unk,
+                                  self._joins_next if self.word_scheme != "none" else None)
+        found = L.decode(backend, source, start, max_len, options, shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
         best = order[::n]  # (B,)
@@ -390,122 +354,9 @@ class Translator:
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
 
-    def _first_tokens(self, source: Source, B: int, k: int, shortlist: Optional[np.ndarray] = None
-                      ) -> Tuple[np.ndarray, np.ndarray]:
-        """The k best first insertions of each of the B sentences (:func:`fairseq_insertion.loop.first_insertions`),
-        best first (B, k), and their log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk
-        barred, its k best tokens."""
-        framed = np.tile(np.asarray([[self.bos, self.eos]], np.int64), (B, 1))  # (B, 2)
-        barred = L.first_insertion_inputs(L.NUMPY, B, self.unk, framed, shortlist)
-        tokens, log_probs, _, _ = self._pass.run(None, {
-            "framed": framed, **source.inputs, "open_slots": np.arange(B, dtype=np.int64), **self._feeds(barred, B),
-            "k": np.asarray([k], np.int64)})
-        return tokens, log_probs
-
-    def _score(self, src: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
-        """(B n,) the scorer's log-probability of each candidate (``tokens`` (B n, W), its first ``lengths``
-        and the end), each source of ``src`` (B, S) encoded once and each distinct candidate of a sentence
-        scored once."""
-        target = L.candidate_targets(L.NUMPY, tokens, lengths, self.eos, self.pad)  # (B n, W)
-        sentence = np.repeat(np.arange(len(src)), n)  # (B n,)
-        _, first, same = np.unique(np.concatenate([sentence[:, None], target], 1), axis=0, return_index=True,
-                                   return_inverse=True)  # (U,) a row of each distinct candidate; (B n,) its index
-        target = target[first]  # (U, W)
-        prev = np.roll(target, 1, axis=1)  # (U, W) end-of-sentence first, as fairseq's decoder input
-        prev[:, 0] = self.eos
-        prev[target == self.pad] = self.pad
-        (log_probs,) = self._scorer.run(None, {"src_tokens": src, "rows": sentence[first], "target": target,
-                                                "prev_tokens": prev})
-        return log_probs[same.reshape(-1)]
-
-    def _predict(self, state: Canvases, source: Source, opts: DecodingConfig, bounds: L.Bounds) -> SlotScores:
-        """One pass (:func:`fairseq_insertion.loop.predict`): the best token and its log p(c | l) for every open
-        slot (the graph applies the slot rule, :func:`fairseq_insertion.slots.choose_graph`); the longer and the
-        shorter canvases apart where that saves enough padding (:func:`width_groups`)."""
-        def run(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice) -> Tuple[np.ndarray, ...]:
-            # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
-            open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
-            sources = source.inputs if rows == slice(None) else {k: v[rows] for k, v in source.inputs.items()}
-            return self._pass.run(None, {"framed": framed, **sources, "open_slots": open_slots,
-                                         **self._feeds(inputs, len(open_slots)), "k": _ONE})  # (N, 1) x 3, (A, S)
-
-        def score(framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs) -> Tuple[np.ndarray, ...]:
-            groups = width_groups(state.lengths)
-            if len(groups) == 1:
-                tokens, log_probs, eos_log_probs, location = run(framed, open_, inputs, slice(None))
-                return tokens.reshape(-1), log_probs.reshape(-1), eos_log_probs.reshape(-1), location
-            location = np.full(open_.shape, L.NEG_INF, np.float32)  # (A, S)
-            ends = np.cumsum([int(open_[rows].sum()) for rows in groups])  # each group's open slots end here
-            outs = []
-            for rows, end, n in zip(groups, ends, np.diff(ends, prepend=0)):
-                width = int(state.lengths[rows].max()) + 2  # the group's framed width
-                tokens, log_probs, eos_log_probs, location[rows, :width - 1] = run(
-                    framed[rows, :width], open_[rows, :width - 1], _slot_range(inputs, rows, slice(end - n, end)),
-                    rows)  # the group's open slots: a range of the pass's, its rows being contiguous
-                outs.append((tokens, log_probs, eos_log_probs))
-            return (*(np.concatenate(values).reshape(-1) for values in zip(*outs)), location)
-
-        return L.predict(L.NUMPY, state, bounds, opts, self._joins_next, self.bos, score)
-
-    def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
-        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.slots.choose_graph`)."""
-        constant = self._constant
-        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
-            constant(n, inputs.eos_penalty, np.float32)  # (N,)
-        feeds = {"eos_penalty": penalty[:, None],
-                 "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
-                 "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
-                 "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
-        if inputs.shortlist is not None:
-            feeds["shortlist"] = inputs.shortlist
-        return feeds
-
-    def _constant(self, n: int, value: Any, dtype: Any) -> np.ndarray:
-        """(n,) ``value``: one read-only array per value and type, grown as needed and sliced (no allocation per
-        pass)."""
-        key = (value, np.dtype(dtype).str)
-        have = self._constants.get(key)
-        if have is None or len(have) < n:
-            have = self._constants[key] = np.full(max(n, 2 * len(have) if have is not None else 64), value, dtype)
-            have.flags.writeable = False
-        return have[:n]
-
     def _result(self, candidates: Sequence[Candidate]) -> TranslationResult:
         return TranslationResult(hypotheses=[[self.target_symbols[i] for i in c.ids.tolist()] for c in candidates],
                                  scores=[c.score for c in candidates], iterations=[c.iterations for c in candidates])
-
-
-GROUPED = 0.1
-"""A pass runs its longer and its shorter canvases apart (two runs of the pass graph) where that drops at least
-this share of the canvas positions the decoder would run (the padding of the shorter ones)."""
-
-
-def width_groups(lengths: np.ndarray) -> List[slice]:
-    """The rows of a pass, canvas ``lengths`` (A,) longest first (:func:`fairseq_insertion.loop.run` keeps them so
-    as sentences finish), as one group or two contiguous ones: two, split where the decoder's positions (each group
-    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of the one group's."""
-    A = len(lengths)
-    if A < 2:
-        return [slice(0, A)]
-    head = np.maximum.accumulate(lengths)  # (A,) the longest of rows 0..i
-    tail = np.maximum.accumulate(lengths[::-1])[::-1]  # (A,) the longest of rows i..A-1
-    at = np.arange(1, A)  # a split before row i
-    cost = at * (head[:-1] + 2) + (A - at) * (tail[1:] + 2)  # (A - 1,) framed positions of the two groups
-    i = int(cost.argmin())
-    whole = A * (int(head[-1]) + 2)
-    if whole - int(cost[i]) < GROUPED * whole:
-        return [slice(0, A)]
-    return [slice(0, i + 1), slice(i + 1, A)]
-
-
-def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs:
-    """The slot rule's inputs of the open slots ``slots`` (a range of the pass's, row-major) of the canvases
-    ``rows``."""
-    cut = lambda x: x[slots] if isinstance(x, np.ndarray) else x  # noqa: E731  (None, a float: as they are)
-    return inputs._replace(blocked=cut(inputs.blocked), eos_penalty=cut(inputs.eos_penalty),
-                           classes=cut(inputs.classes), no_end=cut(inputs.no_end),
-                           shortlist=None if inputs.shortlist is None else inputs.shortlist[rows],
-                           slot_rows=None if inputs.slot_rows is None else inputs.slot_rows[slots] - rows.start)
 
 
 def _count(value: Any, name: str, minimum: int) -> int:

@@ -1,0 +1,252 @@
+"""The loop (:func:`run`: predict, choose, insert, stop, finished sentences leaving the batch) and the decode driver
+(:func:`decode`: first insertions, candidate rows, the initial state, the loop, the candidates' scores and order),
+over a :class:`Backend`'s three calls."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple
+
+import numpy as np
+
+from .geometry import frame, insertion_destinations, place, slot_mask
+from .ops import Array, Ops
+from .rules import SlotInputs, first_insertion_inputs, slot_inputs
+from .starts import Start, candidate_rows, first_insertions
+from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
+from .steps import Bounds, DecodeOptions
+
+
+class SlotChoice(NamedTuple):
+    """A backend's answer for one pass's open slots (N of them, row-major), the slot rule applied
+    (:func:`fairseq_insertion.slots.choose`)."""
+
+    tokens: Array  # (N, k) each open slot's k best tokens, best first
+    log_probs: Array  # (N, k) their log p(c | l)
+    eos_log_probs: Array  # (N, 1) log p(eos | l)
+    location: Array  # (A, S) log p(l) of every slot, -inf at padding
+
+
+class Backend(Protocol):
+    """The model's side of the loop: its arrays (:class:`~fairseq_insertion.loop.ops.Ops`) and three calls."""
+
+    xp: Ops
+
+    def score_slots(self, memory: Any, framed: Array, open_: Array, inputs: SlotInputs, k: int) -> SlotChoice:
+        """One pass of the model over the canvases ``framed`` (A, S + 1) of the sentences whose encoder side is
+        ``memory``: the slot rule's k best tokens of each open slot (``open_`` (A, S)) given its ``inputs``."""
+
+    def reorder(self, memory: Any, keep: Array) -> Any:
+        """The memory of the rows ``keep`` (N,), in that order."""
+
+    def score_candidates(self, tokens: Array, lengths: Array, per_source: int) -> Optional[Array]:
+        """(B n,) a scorer's log-probability of each candidate (its first ``lengths`` of ``tokens`` (B n, W) and
+        the end), sentence b's at rows b n ... b n + n - 1; None without a scorer."""
+
+
+def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> SlotScores:
+    """One pass's :class:`SlotScores`: the framed canvases, their open slots, the slots' inputs to the slot rule
+    (:func:`slot_inputs`), the backend's :meth:`Backend.score_slots` and :func:`slot_scores`."""
+    xp, o = backend.xp, bounds.options
+    framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (A, K + 2)
+    open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
+    inputs = slot_inputs(xp, state, framed, open_, o.config, bounds.sequence, o.joins_next, o.bos, o.eos, o.pad)
+    c = backend.score_slots(memory, framed, open_, inputs, 1)  # (N, 1) each, (A, S)
+    return slot_scores(xp, open_, c.tokens[:, 0], c.log_probs[:, 0], c.eos_log_probs[:, 0], c.location, o.eos,
+                       bounds.sequence)
+
+
+def first_tokens(backend: Backend, memory: Any, batch: int, k: int, options: DecodeOptions, like: Array,
+                 shortlist: Optional[Array]) -> Tuple[Array, Array]:
+    """The k best first insertions of each sentence (:func:`first_insertions`), best first (B, k), and their
+    log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk barred; ``like``: an int64 array;
+    ``shortlist`` (B, L): each sentence's, or None."""
+    xp = backend.xp
+    framed = xp.full((batch, 2), options.eos, like=like)  # (B, 2) the empty canvases
+    framed[:, 0] = options.bos
+    inputs = first_insertion_inputs(xp, batch, options.unk, framed, shortlist)
+    c = backend.score_slots(memory, framed, framed[:, :1] == framed[:, :1], inputs, k)
+    return c.tokens, c.log_probs
+
+
+class Pass(NamedTuple):
+    """The state after one pass's insertions, and which rows go on."""
+
+    state: Canvases
+    keep: Array  # (A,)
+    n_keep: int
+    kept_width: int  # the longest kept canvas
+
+
+Record = Callable[[Canvases, Array], None]
+
+
+def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
+    """Where the loop starts: (A,) the rows that take a first pass (below their length limit, with an open slot),
+    and (A,) the room of each, the most tokens it may still take (their largest is the iteration bound where
+    ``max_iterations`` is 0)."""
+    start = (state.max_len > state.lengths) & open_slots(xp, state, state.tokens.shape[1] + 1).any(1)
+    return start, (state.max_len - state.lengths).clip(min=0)
+
+
+def predict_and_step(backend: Backend, bounds: Bounds, state: Canvases, memory: Any, max_iter: int) -> Pass:
+    """One pass: the backend's prediction for the open slots, the step rule's insertions and :func:`step`."""
+    scores = predict(backend, state, memory, bounds)
+    room = state.max_len - state.lengths  # (A,)
+    choice = bounds.rule(scores, room.clip(max=bounds.max_per_pass) if bounds.max_per_pass else room)
+    return step(backend.xp, state, scores, choice, max_iter, bounds)
+
+
+def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
+        ) -> Tuple[Canvases, int]:
+    """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
+    the batch. Closed slots never receive an insertion and count as finished. ``record(state,
+    inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
+    row, in batch order, and the number of forward passes."""
+    xp = backend.xp
+    B, K = state.tokens.shape
+    start, rooms = starting(xp, state)  # (B,) each
+    width, room, n_active, started_width = xp.host(
+        state.max_len.max(), rooms.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
+    out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
+    max_iter = bounds.max_iterations or room
+    state, memory = _keep(backend, state, memory, start, n_active, started_width)
+    passes = 0
+    for _ in range(max_iter + 1):
+        if n_active == 0:
+            break
+        after = predict_and_step(backend, bounds, state, memory, max_iter)
+        passes += 1
+        if record is not None:
+            record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
+        state = after.state
+        if after.n_keep < n_active:
+            out.store(state.take(xp.argsort(xp.long(after.keep))[:n_active - after.n_keep]))  # the finished
+            state, memory = _keep(backend, state, memory, after.keep, after.n_keep, after.kept_width)
+        n_active = after.n_keep
+    if n_active:
+        out.store(state)
+    return out, passes
+
+
+def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, bounds: Bounds) -> Pass:
+    """Apply one step's insertions to every per-token array; say which sentences go on (the pass's one
+    host round trip): those that inserted something, are below their length limit and their
+    iteration bound."""
+    new_len = state.lengths + choice.mask.sum(1)  # (A,)
+    inserted = choice.mask.any(1)
+    iterations = state.iterations + xp.long(inserted)
+    keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
+    width, n_keep, kept_width = xp.host(new_len.max(), keep.sum(), (new_len * keep).max())
+    K = state.tokens.shape[1]
+    dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
+    closed_before, closed_end = state.closed_before, state.closed_end
+    none = choice.mask & False  # (A, S) no slot value: a new token opens the slots on both its sides
+    if bounds.close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
+        ended = scores.open & (scores.tokens == bounds.eos)  # (A, S)
+        closed_end = closed_end | xp.gather(ended, state.lengths[:, None])[:, 0]
+        closed_before = closed_before | (ended[:, :K] & slot_mask(xp, state.lengths - 1, K))
+    new = state._replace(
+        tokens=place(xp, dest, state.tokens, choice.tokens, width, bounds.pad),
+        scores=place(xp, dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
+        closed_before=None if closed_before is None else place(xp, dest, closed_before, none, width, False),
+        given=None if state.given is None else place(xp, dest, state.given, none, width, False),
+        closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos)
+    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
+
+
+def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int
+          ) -> Tuple[Canvases, Any]:
+    """The rows ``keep`` (A,) of the state and of the memory (``n_keep`` of them), longest canvas first (a backend
+    may then run the longer and the shorter rows of a pass apart, with less padding), the canvases trimmed to
+    ``width``, the longest kept one (so a single canvas has no padding)."""
+    if n_keep == len(keep):
+        return state, memory
+    xp = backend.xp
+    idx = xp.argsort(xp.where(keep, state.lengths + 1, 0), descending=True)[:n_keep]  # kept rows, longest first
+    return state.take(idx).trimmed(width), backend.reorder(memory, idx)
+
+
+def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Optional[Array] = None,
+                     weight: float = 0.0) -> Array:
+    """(R,) each candidate's score, by which its sentence's candidates are ordered: the decode's
+    log-probability ``log_prob`` (R,) / (n + 1) ** lenpen, its n tokens and the end; with a scorer's
+    log-probabilities ``teacher`` (R,) (the end included), the scorer's / (n + 1) ** lenpen + ``weight`` x
+    the decode's (``--rerank-weight``)."""
+    norm = (lengths + 1) ** lenpen  # (R,)
+    return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
+
+
+def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int) -> Array:
+    """(R, W) each candidate as a scorer reads it: its first ``lengths`` (R,) of ``tokens`` (R, K), the end, then
+    ``pad``; W the longest plus one."""
+    W = xp.host(lengths.max())[0] + 1
+    target = xp.full((tokens.shape[0], W), pad, like=tokens)
+    width = min(W, tokens.shape[1])
+    target[:, :width] = tokens[:, :width]
+    columns = xp.arange(W, like=lengths)[None, :]
+    return xp.where(columns < lengths[:, None], target, xp.where(columns == lengths[:, None], eos, pad))
+
+
+def best_first(xp: Ops, scores: Array, n: int) -> Array:
+    """(B, n) each sentence's ``n`` candidates (rows b n ... b n + n - 1 of ``scores`` (B n,)), the best first;
+    ties keep the row order (the lower EOS penalty's index first)."""
+    return xp.argsort(scores.reshape(-1, n), descending=True)
+
+
+class Decoded(NamedTuple):
+    """Every candidate of a batch's decode: rows (b K + j) n / K + c (:func:`candidate_rows`)."""
+
+    canvases: Canvases  # (B n rows) the final canvases, their history with ``record``
+    log_prob: Array  # (B n,) the decode's log-probability: its tokens' log p(c, l) and the final end-of-slot
+    teacher: Optional[Array]  # (B n,) the scorer's log-probability, when the backend has a scorer
+    score: Array  # (B n,) the ordering score (:func:`candidate_scores`)
+    order: Array  # (B, n) each sentence's candidates, best first (indices within the sentence)
+    passes: int  # forward passes, the first insertions' included
+
+
+Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained decode's tokens, its lengths)
+
+
+def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
+           arrange: Optional[Arrange] = None, record: Optional[Record] = None, shortlist: Optional[Array] = None
+           ) -> Decoded:
+    """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
+    empty canvases or their constraints, ``max_len`` (B,) their length limits (:func:`length_limit`,
+    :func:`length_limits`), ``options`` the decoding options and the dictionary's ids. With
+    ``first_insertions`` K > 1 each sentence branches from its K best first insertions, and with several
+    ``eos_penalties`` each start is decoded under each penalty, as rows of one batch (each source encoded once).
+    ``arrange(start, tokens, lengths)``: reorder the constraints once an unconstrained decode of every row is
+    known (``constraint_order="unordered"``). ``shortlist`` (B, L): the tokens each sentence's slots may receive
+    (:func:`fairseq_insertion.slots.shortlist_rows`; None: the whole vocabulary)."""
+    xp, config, pad = backend.xp, options.config, options.pad
+    B, betas, K = max_len.shape[0], config.betas, config.first_insertions
+    n = config.candidates
+    first_scores, passes = None, 0
+    if K > 1:
+        tokens, log_probs = first_tokens(backend, memory, B, K, options, max_len, shortlist)  # (B, K) each
+        start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
+        passes = 1
+    if n > 1:
+        sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
+        memory, start, max_len = backend.reorder(memory, sentence), start.take(start_row), max_len[sentence]
+        shortlist = None if shortlist is None else shortlist[sentence]
+        first_scores = None if first_scores is None else first_scores[start_row]
+    eos_penalty = xp.asarray(np.tile(np.asarray(betas, np.float32), B * K), like=max_len) if len(betas) > 1 \
+        else None  # (B n,) each row's beta; None: the one beta
+    bounds = Bounds.build(xp, options)
+    given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
+    if arrange is not None and given:
+        blank = Start.blank(xp, B * n, start.lengths, pad)
+        unconstrained, _ = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
+                                                    shortlist=shortlist), memory, bounds)
+        start = arrange(start, unconstrained.tokens, unconstrained.lengths)
+    state = start_state(xp, start, max_len, eos_penalty, given and options.joins_next is not None,
+                        bounds.close_ended or given, first_scores, record is not None, shortlist)
+    out, more = run(backend, state, memory, bounds, record)
+    real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
+    log_prob = xp.where(real, out.scores, 0.0).sum(1) + out.final_eos  # (B n,)
+    teacher = backend.score_candidates(out.tokens, out.lengths, n) if n > 1 else None
+    score = candidate_scores(log_prob, xp.cast(out.lengths, like=log_prob), config.lenpen, teacher,
+                             config.rerank_weight)  # (B n,)
+    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=best_first(xp, score, n),
+                   passes=passes + more)

@@ -1,0 +1,122 @@
+"""Where a decode starts: the empty canvas or one holding hard constraints (:class:`Start`,
+:func:`constraint_canvas`), the length limits, the branches of first insertions and the rows of candidates."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from ..config import DecodingConfig
+from .geometry import gather_canvas
+from .ops import Array, Ops
+
+
+class Start(NamedTuple):
+    """Where a decode starts: the empty canvas, or one holding hard constraints."""
+
+    tokens: Array  # (B, K) padded with pad
+    lengths: Array  # (B,)
+    closed_before: Array  # (B, K) the slot just before token j is closed
+    closed_end: Array  # (B,) the last slot is closed
+    segment: Array  # (B, K) the index of the constraint each token comes from
+
+    @classmethod
+    def blank(cls, xp: Ops, batch: int, like: Array, pad: int) -> "Start":
+        """The unconstrained start of ``batch`` rows: empty canvases, every slot open; ``like``: an int64 array."""
+        none = xp.full((batch, 0), pad, like=like)
+        zeros = xp.full((batch,), 0, like=like)
+        return cls(tokens=none, lengths=zeros, closed_before=none != none, closed_end=zeros > 0, segment=none + 0)
+
+    def take(self, idx: Array) -> "Start":
+        """The rows ``idx`` (N,), e.g. each sentence's once per candidate."""
+        return type(self)(*(t[idx] for t in self))
+
+
+def length_limits(xp: Ops, max_len: Array, empty: Array, given: Array, limit: int) -> Tuple[Array, Array]:
+    """Each sentence's length limit once it holds ``given`` (B,) constraint tokens, and the sentences whose
+    constraints do not fit it (B,) (their output is empty). max_len: (B,) the limit from the source
+    length; empty: (B,) sources without a word, decoded from their constraints (their limit at least the
+    constraints' length, at most ``limit``) or to an empty output."""
+    unsourced = xp.where(given > 0, xp.where(given > max_len, given, max_len).clip(max=limit), 0)
+    max_len = xp.where(empty, unsourced, max_len)
+    return max_len, given > max_len
+
+
+def pack(constraints: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """fairseq's packed form (``fairseq.token_generation_constraints.pack_constraints``) of every sentence's
+    constraints (token id lists): (B, C) ``[m, c_1 tokens, 0, c_2 tokens, 0, ...]``, 0 after."""
+    rows = [[len(cs)] + [t for c in cs for t in (*c, 0)] for cs in constraints]
+    out = np.zeros((len(rows), max((len(r) for r in rows), default=0)), dtype=np.int64)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    return out
+
+
+def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
+    """The initial canvas of a constrained decode, from fairseq's packed constraints.
+
+    packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints`` form:
+    ``[m, c_1 tokens, 0, c_2 tokens, 0, ..., 0 ...]`` (m constraints, each followed by a 0). A ``gap``
+    token inside a constraint marks an open slot (a template's ``___``); it is not put on the canvas.
+
+    Which slots are closed (never receive an insertion): the slot between two adjacent tokens of one
+    constraint, unless a gap separates them; the slot before the first token (slot 0) when the first
+    constraint is a template (holds a gap) that does not start with a gap; the last slot when the last
+    constraint is a template that does not end with a gap. Slots between constraints are open."""
+    B = packed.shape[0]
+    m = packed[:, 0] if packed.shape[1] > 0 else xp.full((B,), 0, like=packed)  # (B,)
+    body = xp.concat([packed[:, 1:], xp.full((B, 1), 0, like=packed)], 1)  # (B, M) a final 0 closes a cut row
+    sep = body == 0
+    segment = xp.long(sep).cumsum(1) - xp.long(sep)  # (B, M) constraint index of every position
+    inside = segment < m[:, None]
+    is_gap = (body == gap) & ~sep & inside
+    real = ~sep & inside & ~is_gap  # (B, M) tokens that go on the canvas
+    glued = real & xp.concat([xp.full((B, 1), False, like=real), real[:, :-1]], 1)  # preceded by a real token
+    first_template = (is_gap & (segment == 0)).any(1)  # (B,) templates anchor the sentence start / end
+    last_template = (is_gap & (segment == (m - 1)[:, None])).any(1)
+    closes_last = sep & (segment + 1 == m[:, None])  # (B, M) the 0 that ends the last constraint
+    last_pos = (xp.long(closes_last).argmax(1) - 1).clip(min=0)  # (B,) its last position
+    ends_with_gap = xp.gather(is_gap, last_pos[:, None])[:, 0]
+    closed_start = first_template & ~is_gap[:, 0]
+    closed_end = last_template & ~ends_with_gap & (m > 0)
+    tokens, lengths = gather_canvas(xp, body, real, pad)  # (B, K)
+    keep_pos, _ = gather_canvas(xp, xp.arange(body.shape[1], like=body)[None, :] + body * 0, real, 0)  # (B, K)
+    K = tokens.shape[1]
+    within = xp.arange(K, like=body)[None, :] < lengths[:, None]  # (B, K)
+    first = xp.arange(K, like=body)[None, :] == 0
+    closed_before = (xp.gather(glued, keep_pos) | (first & closed_start[:, None])) & within
+    return Start(tokens=tokens, lengths=lengths, closed_before=closed_before, closed_end=closed_end,
+                 segment=xp.gather(segment, keep_pos))
+
+
+
+
+def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
+    """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
+    insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,
+    bos, pad and unk excluded, best first), its slots open, scored ``log_probs`` (B, K) (log p(c | l); the
+    one slot's log p(l) is 0); a sentence without ``room`` (B,) for a token (its length limit is 0)
+    starts empty. Returns the starts of the B K rows and their tokens' scores (B K, 1)."""
+    placed = (room[:, None] & (tokens == tokens)).reshape(-1)  # (B K,)
+    start = xp.where(placed[:, None], tokens.reshape(-1, 1), pad)  # (B K, 1)
+    scores = xp.where(placed[:, None], log_probs.reshape(-1, 1), 0.0)  # (B K, 1)
+    shut = start != start  # (B K, 1) no slot closed
+    return Start(tokens=start, lengths=xp.long(placed), closed_before=shut, closed_end=placed & False,
+                 segment=xp.long(shut)), scores
+
+
+def candidate_rows(xp: Ops, batch: int, branches: int, betas: int, like: Array) -> Tuple[Array, Array]:
+    """The rows of a decode with candidates: row (b K + j) n + c is sentence b's j-th first insertion (of K
+    ``branches``) under its c-th EOS penalty (of n ``betas``). Returns each row's sentence (B K n,) and its
+    start row (B K n,) (sentence b's, or its j-th first insertion's row b K + j)."""
+    rows = xp.arange(batch * branches * betas, like=like)  # (B K n,)
+    return rows // (branches * betas), rows // betas
+
+
+def length_limit(xp: Ops, src_lengths: Array, config: DecodingConfig, limit: int) -> Array:
+    """(B,) each sentence's length limit from its source length ``src_lengths`` (B,) (its end-of-sentence
+    marker included, as fairseq counts it): ``max_len_a * length + max_len_b`` in float32, as fairseq's, at
+    most ``limit`` (the model's target positions less the frame's two)."""
+    scaled = xp.cast(src_lengths, like=xp.asarray(np.zeros(0, np.float32), like=src_lengths))
+    return xp.long(scaled * config.max_len_a + config.max_len_b).clip(min=0, max=limit)

@@ -1,0 +1,122 @@
+"""The step rules that choose a pass's insertions (small objects built from the options by :func:`step_rule`), the
+room cap, the decode's options (:class:`DecodeOptions`) and how it steps and stops (:class:`Bounds`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+from ..config import DecodingConfig
+from .ops import NEG_INF, Array, Ops
+from .state import Insertions, SlotScores
+
+
+@dataclass(frozen=True)
+class ParallelStep:
+    """Insert the best token into every open slot whose best is not end-of-slot, at most ``room`` (A,)
+    per canvas: the highest-scoring ones (:func:`cap`)."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        return Insertions(mask=cap(self.xp, p.open & (p.tokens != self.eos), p.log_probs, room), tokens=p.tokens,
+                          log_probs=p.log_probs)
+
+
+@dataclass(frozen=True)
+class GreedySlotStep:
+    """Slot finalization: the one (slot, token) with the best log p(c, l) among the slots whose best
+    token is not end-of-slot."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        ok = p.open & (p.tokens != self.eos)  # (A, S)
+        slot = self.xp.where(ok, p.log_probs + p.location, NEG_INF).argmax(1)  # (A,)
+        return Insertions(mask=_one_hot(self.xp, slot, ok) & ok.any(1)[:, None], tokens=p.tokens,
+                          log_probs=p.log_probs)
+
+
+@dataclass(frozen=True)
+class GreedySequenceStep:
+    """Sequence finalization: the best (slot, token) over every open slot and the whole vocabulary (each
+    slot's best token is its best over the vocabulary); stop when it is end-of-sequence."""
+
+    xp: Ops
+    eos: int
+
+    def __call__(self, p: SlotScores, room: Array) -> Insertions:
+        xp = self.xp
+        slot = xp.where(p.open, p.log_probs + p.location, NEG_INF).argmax(1)[:, None]  # (A, 1)
+        ok = (xp.gather(p.tokens, slot) != self.eos) & xp.gather(p.open, slot)  # (A, 1)
+        return Insertions(mask=_one_hot(xp, slot[:, 0], p.open) & ok, tokens=p.tokens, log_probs=p.log_probs)
+
+
+StepRule = Callable[[SlotScores, Array], Insertions]
+
+
+def step_rule(xp: Ops, decoding: str, termination: str, eos: int) -> StepRule:
+    """The decoding rule: ``parallel``, or ``greedy`` with the model's training termination (``slot``
+    or ``sequence`` finalization)."""
+    if decoding == "parallel":
+        return ParallelStep(xp, eos)
+    return GreedySlotStep(xp, eos) if termination == "slot" else GreedySequenceStep(xp, eos)
+
+
+def cap(xp: Ops, insert: Array, score: Array, room: Array) -> Array:
+    """Keep at most ``room`` (A,) insertions per row, the highest-scoring ones; of equal scores, the
+    leftmost slots (a stable sort). (A, S)."""
+    if not xp.might((insert.sum(1) > room).any()):
+        return insert
+    order = xp.argsort(xp.where(insert, score, NEG_INF), descending=True)  # (A, S)
+    return insert & (xp.argsort(order) < room[:, None])
+
+
+def _one_hot(xp: Ops, index: Array, like: Array) -> Array:
+    return xp.arange(like.shape[1], like=index)[None, :] == index[:, None]
+
+
+class DecodeOptions(NamedTuple):
+    """A decode's options, the model's termination and the target dictionary's ids the loop needs."""
+
+    config: DecodingConfig
+    termination: str  # the model's: slot or sequence finalization
+    bos: int
+    eos: int
+    pad: int
+    unk: int
+    joins_next: Optional[Array] = None  # (V,) the pieces that join the next token, where the dictionary marks word
+    # edges (constraints then stay whole words); None where it does not
+
+
+class Bounds(NamedTuple):
+    """How a decode steps and stops."""
+
+    rule: StepRule
+    max_iterations: int  # 0: each row's length limit
+    close_ended: bool  # a slot that chose end-of-slot stays closed (slot finalization)
+    sequence: bool  # greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas
+    max_per_pass: int  # the most insertions a pass into one canvas (0: as many as its room)
+    options: DecodeOptions
+
+    @property
+    def eos(self) -> int:
+        return self.options.eos
+
+    @property
+    def pad(self) -> int:
+        return self.options.pad
+
+    @classmethod
+    def build(cls, xp: Ops, options: DecodeOptions) -> "Bounds":
+        """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the
+        iteration bound, ``close_ended_slots`` (which only slot-finalization models use), whether the
+        end-of-sequence decision is a canvas's best (slot, eos) (greedy decoding of a sequence-finalization
+        model) and ``max_per_pass``."""
+        config, termination = options.config, options.termination
+        return cls(rule=step_rule(xp, config.decoding, termination, options.eos), max_iterations=config.max_iterations,
+                   close_ended=config.close_ended_slots and termination == "slot",
+                   sequence=config.decoding == "greedy" and termination == "sequence",
+                   max_per_pass=config.max_per_pass, options=options)

@@ -1,0 +1,141 @@
+"""The ONNX sessions as the loop's backend (:class:`~fairseq_insertion.loop.Backend`): the pass graph over the open
+slots, the source side following the sentences that go on, and the export's scorer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from .. import loop as L
+
+GROUPED = 0.1
+"""A pass runs its longer and its shorter canvases apart (two runs of the pass graph) where that drops at least
+this share of the canvas positions the decoder would run (the padding of the shorter ones)."""
+
+
+class Source(NamedTuple):
+    """What every pass reuses of the active sentences' source side, as the pass graph takes it."""
+
+    inputs: Dict[str, np.ndarray]  # each decoder layer's keys and values (A, heads, S, d); src_mask (A, S) int32
+
+    def take(self, idx: np.ndarray) -> "Source":
+        return Source({name: np.take(value, idx, axis=0) for name, value in self.inputs.items()})  # numpy's
+        # fancy indexing copies an (A, L, C) array ten times slower
+
+
+class Constants:
+    """Read-only arrays of one value, one per value and type, grown as needed and sliced (no allocation a pass)."""
+
+    def __init__(self) -> None:
+        self._arrays: Dict[Tuple[Any, str], np.ndarray] = {}
+
+    def __call__(self, n: int, value: Any, dtype: Any) -> np.ndarray:
+        """(n,) ``value``."""
+        key = (value, np.dtype(dtype).str)
+        have = self._arrays.get(key)
+        if have is None or len(have) < n:
+            have = self._arrays[key] = np.full(max(n, 2 * len(have) if have is not None else 64), value, dtype)
+            have.flags.writeable = False
+        return have[:n]
+
+
+@dataclass(frozen=True)
+class OnnxBackend:
+    """ONNX Runtime's pass (``pass.onnx``, the slot rule inside it: :func:`fairseq_insertion.slots.choose_graph`)
+    and scorer (``scorer.onnx``, or None) on the sources ``src`` (B, S) of one call."""
+
+    session: Any
+    scorer: Optional[Any]
+    src: np.ndarray
+    constant: Constants
+    eos: int
+    pad: int
+    xp: Any = L.NUMPY
+
+    def score_slots(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, k: int
+                    ) -> L.SlotChoice:
+        """The longer and the shorter canvases apart where that saves enough padding (:func:`width_groups`)."""
+        lengths = (framed != self.pad).sum(1) - 2  # (A,)
+        groups = width_groups(lengths)
+        if len(groups) == 1:
+            return L.SlotChoice(*self._run(source, framed, open_, inputs, slice(None), k))
+        location = np.full(open_.shape, L.NEG_INF, np.float32)  # (A, S)
+        ends = np.cumsum([int(open_[rows].sum()) for rows in groups])  # each group's open slots end here
+        outs = []
+        for rows, end, n in zip(groups, ends, np.diff(ends, prepend=0)):
+            width = int(lengths[rows].max()) + 2  # the group's framed width
+            *out, location[rows, :width - 1] = self._run(
+                source, framed[rows, :width], open_[rows, :width - 1], _slot_range(inputs, rows, slice(end - n, end)),
+                rows, k)  # the group's open slots: a range of the pass's, its rows being contiguous
+            outs.append(out)
+        return L.SlotChoice(*(np.concatenate(values) for values in zip(*outs)), location)
+
+    def _run(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice, k: int
+             ) -> List[np.ndarray]:
+        # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
+        open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
+        sources = source.inputs if rows == slice(None) else {name: v[rows] for name, v in source.inputs.items()}
+        return self.session.run(None, {"framed": framed, **sources, "open_slots": open_slots,
+                                       **self._feeds(inputs, len(open_slots)), "k": np.asarray([k], np.int64)})
+
+    def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
+        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.slots.choose_graph`)."""
+        constant = self.constant
+        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
+            constant(n, inputs.eos_penalty, np.float32)  # (N,)
+        feeds = {"eos_penalty": penalty[:, None],
+                 "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
+                 "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
+                 "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
+        if inputs.shortlist is not None:
+            feeds["shortlist"] = inputs.shortlist
+        return feeds
+
+    def reorder(self, source: Source, keep: np.ndarray) -> Source:
+        return source.take(keep)
+
+    def score_candidates(self, tokens: np.ndarray, lengths: np.ndarray, per_source: int) -> Optional[np.ndarray]:
+        """Each source encoded once and each distinct candidate of a sentence scored once."""
+        if self.scorer is None:
+            return None
+        target = L.candidate_targets(L.NUMPY, tokens, lengths, self.eos, self.pad)  # (B n, W)
+        sentence = np.repeat(np.arange(len(self.src)), per_source)  # (B n,)
+        _, first, same = np.unique(np.concatenate([sentence[:, None], target], 1), axis=0, return_index=True,
+                                   return_inverse=True)  # (U,) a row of each distinct candidate; (B n,) its index
+        target = target[first]  # (U, W)
+        prev = np.roll(target, 1, axis=1)  # (U, W) end-of-sentence first, as fairseq's decoder input
+        prev[:, 0] = self.eos
+        prev[target == self.pad] = self.pad
+        (log_probs,) = self.scorer.run(None, {"src_tokens": self.src, "rows": sentence[first], "target": target,
+                                              "prev_tokens": prev})
+        return log_probs[same.reshape(-1)]
+
+
+def width_groups(lengths: np.ndarray) -> List[slice]:
+    """The rows of a pass, canvas ``lengths`` (A,) longest first (:func:`fairseq_insertion.loop.run` keeps them so
+    as sentences finish), as one group or two contiguous ones: two, split where the decoder's positions (each group
+    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of the one group's."""
+    A = len(lengths)
+    if A < 2:
+        return [slice(0, A)]
+    head = np.maximum.accumulate(lengths)  # (A,) the longest of rows 0..i
+    tail = np.maximum.accumulate(lengths[::-1])[::-1]  # (A,) the longest of rows i..A-1
+    at = np.arange(1, A)  # a split before row i
+    cost = at * (head[:-1] + 2) + (A - at) * (tail[1:] + 2)  # (A - 1,) framed positions of the two groups
+    i = int(cost.argmin())
+    whole = A * (int(head[-1]) + 2)
+    if whole - int(cost[i]) < GROUPED * whole:
+        return [slice(0, A)]
+    return [slice(0, i + 1), slice(i + 1, A)]
+
+
+def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs:
+    """The slot rule's inputs of the open slots ``slots`` (a range of the pass's, row-major) of the canvases
+    ``rows``."""
+    cut = lambda x: x[slots] if isinstance(x, np.ndarray) else x  # noqa: E731  (None, a float: as they are)
+    return inputs._replace(blocked=cut(inputs.blocked), eos_penalty=cut(inputs.eos_penalty),
+                           classes=cut(inputs.classes), no_end=cut(inputs.no_end),
+                           shortlist=None if inputs.shortlist is None else inputs.shortlist[rows],
+                           slot_rows=None if inputs.slot_rows is None else inputs.slot_rows[slots] - rows.start)
