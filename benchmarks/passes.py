@@ -21,12 +21,12 @@ from . import harness as H
 from . import report as T
 
 TOP = 14  # operators in the table
-SUBGRAPHS = ("Loop", "If")  # nodes whose time holds their subgraphs' kernels (the pass graph's first insertions)
+SUBGRAPHS = ("If",)  # nodes whose time holds their subgraphs' kernels (the slot rule's branches)
 
 
 def graph_profile(events: list[dict]) -> dict:
-    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node. A ``Loop`` or
-    ``If`` node's time holds its subgraph's kernels, which the profiler lists too: it is left out (what it adds of
+    """One graph's runs (count, microseconds) and its kernels' microseconds by operator type and node. An ``If``
+    node's time holds its subgraph's kernels, which the profiler lists too: it is left out (what it adds of
     its own counts as time between kernels)."""
     runs = [e["dur"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")

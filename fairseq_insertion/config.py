@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8")  # --decode-precision's; an export's are fp32 and int8 (export_format.py)
 # how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
 TERMINATIONS = ("slot", "sequence")
 
@@ -166,6 +166,7 @@ class DecodingConfig:
     close_ended_slots: a slot that chose end-of-slot stays closed (slot-finalization models).
     max_per_pass: parallel decoding inserts at most this many tokens a pass into each sentence, the
     highest-scoring ones (0: no cap).
+    no_unk: never insert the unknown word.
     constraint_order: ``ordered`` (constraints kept in the given order) or
     ``unordered`` (placed in the order the unconstrained translation suggests).
     lenpen: hypothesis score = log-probability / (n + 1) ** lenpen (fairseq's ``--lenpen``).
@@ -217,6 +218,10 @@ class DecodingConfig:
         0, "--max-per-pass", RUNTIME, INSERTION, TASK, check=_at_least_0,
         help="parallel decoding inserts at most this many tokens a pass into each sentence, its highest-scoring "
         "slots (0: no cap): between parallel (every slot) and greedy (one) in passes and quality")
+    no_unk: bool = _option(
+        False, "--no-unk", RUNTIME, INSERTION, TASK, check=_flag,
+        help="never insert the unknown word <unk> (a slot takes its next best token); unlike --unkpen, the export "
+        "and the runtime carry it")
     constraint_order: str = _option("ordered", "--constraints", choices=CONSTRAINT_ORDERS, arg="constraints")
     lenpen: float = _option(1.0, "--lenpen", RUNTIME, check=_number)
     unkpen: float = _option(0.0, "--unkpen", check=_number)
@@ -297,8 +302,8 @@ class DecodingConfig:
 
 
 _FIELDS = dataclasses.fields(DecodingConfig)
-# the options of a single decode, which the deployment runtime takes; candidates, reranking, constraints and
-# reduced precision in PyTorch stay with fairseq
+# the options a call of the deployment runtime takes (candidates and the rerank weight among them); the scorer and
+# the shortlist are files of the export, constraints an argument of the call, precision the export's
 RUNTIME_OPTIONS = tuple(f.name for f in _FIELDS if RUNTIME in f.metadata["scopes"])
 # the options fairseq's own generator does not read
 INSERTION_ONLY = tuple(f.name for f in _FIELDS if INSERTION in f.metadata["scopes"])

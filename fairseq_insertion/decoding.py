@@ -2,7 +2,7 @@
 constraints, the torch start of a decode and the order of constraints (paper: "Inference"). The loop itself,
 the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`) and the step
 rules live in :mod:`fairseq_insertion.loop` (torch-free, shared with the deployment runtime), every option and
-its default, :class:`DecodingConfig`, in :mod:`fairseq_insertion.config` (re-exported here).
+its default, :class:`~fairseq_insertion.config.DecodingConfig`, in :mod:`fairseq_insertion.config`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,6 @@ import torch
 from torch import Tensor
 
 from . import loop as L
-from .config import (  # noqa: F401  re-exported: decoding's options live in config.py
-    CONSTRAINT_ORDERS,
-    DECODINGS,
-    FAIRSEQ_LENGTH_DEFAULTS,
-    FLAGS,
-    PRECISIONS,
-    DecodingConfig,
-    DecodingError,
-    check_search_options,
-    parse_betas,
-)
 
 
 # ---------------------------------------------------------------- torch's arrays for the loop
@@ -98,14 +87,6 @@ class WordEdges(NamedTuple):
     @property
     def active(self) -> bool:
         return self.scheme != "none"
-
-    @property
-    def joins_next_any(self) -> bool:
-        return self.scheme in ("subword_nmt", "_EOW")
-
-    @property
-    def joins_prev_any(self) -> bool:
-        return self.scheme == "sentencepiece"
 
     def to(self, device) -> "WordEdges":
         return self._replace(joins_next=self.joins_next.to(device), joins_prev=self.joins_prev.to(device))

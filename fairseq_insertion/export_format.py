@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .config import PRECISIONS, RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .loop.rules import FEEDS
 from .preprocess import PreprocessError, Preprocessing
 
 # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values; 3: candidates' options
@@ -33,7 +34,7 @@ VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
-PRECISIONS = ("fp32", "int8")
+EXPORTED = tuple(p for p in PRECISIONS if p != "bf16")  # the precisions an export's graphs run in
 # how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
 # size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)
 QUANTIZATIONS = ("per-row", "dynamic")
@@ -56,8 +57,8 @@ def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[s
         return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))
     if name == SCORER:
         return ("src_tokens", "rows", "target", "prev_tokens"), ("log_probs",)
-    return (("framed", *source_names(layers), "src_mask", "open_slots", "blocked", "eos_penalty", "word_edges",
-             "no_end", "k", *(("shortlist", "shortlist_weights") if shortlisted else ())),
+    return (("framed", *source_names(layers), "src_mask", "open_slots", *(f.name for f in FEEDS), "k",
+             *(("shortlist", "shortlist_weights") if shortlisted else ())),
             ("tokens", "log_probs", "eos_log_probs", "location"))
 
 
@@ -247,7 +248,7 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
     for key in ("max_source_positions", "max_target_positions", "decoder_layers"):
         checked[key] = where.integer(model, key, "model.", minimum=1)
     checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
-    checked["precision"] = where.choice(model, "precision", PRECISIONS, "model.")
+    checked["precision"] = where.choice(model, "precision", EXPORTED, "model.")
     if checked["precision"] == "int8":
         checked["quantization"] = where.choice(model, "quantization", QUANTIZATIONS, "model.") \
             if "quantization" in model else "dynamic"

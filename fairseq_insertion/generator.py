@@ -33,18 +33,8 @@ from torch import Tensor
 from . import canvas as C
 from . import loop as L
 from . import slots as S
-from .config import DecodingError
-from .decoding import (
-    CONSTRAINT_ORDERS,
-    DECODINGS,
-    TORCH,
-    DecodingConfig,
-    InitialCanvas,
-    WordEdges,
-    constraint_canvas,
-    first_occurrence,
-    order_segments,
-)
+from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
+from .decoding import TORCH, InitialCanvas, WordEdges, constraint_canvas, first_occurrence, order_segments
 from .loop import Canvases
 
 logger = logging.getLogger(__name__)
@@ -94,7 +84,7 @@ class ModelBackend:
 
 class InsertionGenerator:
     """Builds fairseq hypothesis dicts by iterative insertion, as
-    :class:`~fairseq_insertion.decoding.DecodingConfig` says (every option and
+    :class:`~fairseq_insertion.config.DecodingConfig` says (every option and
     its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)``
     is ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 

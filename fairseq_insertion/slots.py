@@ -19,7 +19,8 @@ translations, built by ``python -m fairseq_insertion.shortlist``) a slot scores 
 (:func:`shortlist_rows`: the ids ascending, the specials first, so that a special's position is its id) and
 the rule runs on those positions, the log-normaliser included: the list is the slot's vocabulary.
 
-The per-pass inputs (blocked tokens, penalties, classes) come from :func:`fairseq_insertion.loop.slot_inputs`.
+The per-pass inputs (blocked tokens, penalties, word-edge classes) come from the slot rules
+(:mod:`fairseq_insertion.loop.rules`).
 This module imports numpy and the loop only: :func:`choose` takes torch tensors, :func:`choose_graph` an
 export graph builder.
 """
@@ -133,12 +134,12 @@ def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tupl
     penalised = content[:, eos] - inputs.eos_penalty  # (N,)
     if rule.unkpen:
         content[:, rule.unk] -= rule.unkpen
-    if inputs.classes is None:  # every slot in class 0: only the specials barred
+    if inputs.word_edges is None:  # every slot in class 0: only the specials barred
         content[:, list(rule.specials)] = NEG_INF
     elif ids is None:
-        content += content.new_tensor(rule.excluded)[inputs.classes]  # (N, V)
+        content += content.new_tensor(rule.excluded)[inputs.word_edges]  # (N, V)
     else:
-        content += content.new_tensor(_padded(rule.excluded))[inputs.classes[:, None], ids]  # (N, L)
+        content += content.new_tensor(_padded(rule.excluded))[inputs.word_edges[:, None], ids]  # (N, L)
     content[:, eos] = penalised if inputs.no_end is None else penalised.masked_fill(inputs.no_end, NEG_INF)
     best, tokens = content.topk(k, -1) if k > 1 else content.max(-1, keepdim=True)  # (N, k) each; ties: lowest id
     stuck = best.isneginf()  # nothing left: the slot ends

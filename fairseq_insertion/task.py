@@ -16,9 +16,16 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import Tensor
 
 from .checkpoints import check_checkpoint_file, dictionary_files, warm_start
-from .config import INSERTION_ONLY, TASK_OPTIONS
+from .config import (
+    CONSTRAINT_ORDERS,
+    FLAGS,
+    INSERTION_ONLY,
+    TASK_OPTIONS,
+    DecodingConfig,
+    DecodingError,
+    check_search_options,
+)
 from .constraints import ConstraintEncoder, ConstraintsFile, TextEncoders
-from .decoding import CONSTRAINT_ORDERS, FLAGS, DecodingConfig, DecodingError, check_search_options
 from .fairseq_fixes import (
     EMPTY_SOURCE,
     atomic_checkpoint_copies,

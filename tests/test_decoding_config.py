@@ -10,8 +10,7 @@ import pytest
 from fairseq.dataclass.configs import GenerationConfig
 from omegaconf import OmegaConf, open_dict
 
-from fairseq_insertion.config import TASK_OPTIONS
-from fairseq_insertion.decoding import FLAGS, DecodingConfig, DecodingError, check_search_options
+from fairseq_insertion.config import FLAGS, TASK_OPTIONS, DecodingConfig, DecodingError, check_search_options
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.task import InsertionTranslationConfig
 from tests.test_decoding import OracleModel, decode, make_dict, random_targets

@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from fairseq_insertion.decoding import DecodingError
+from fairseq_insertion.config import DecodingError
 from tests.utils import PLUGIN, REPO, build_task, parse_generate, run, trained_reverse_model
 
 pytestmark = pytest.mark.heavy  # dozens of fairseq CLI runs: minutes
@@ -240,7 +240,7 @@ def test_only_option_errors_end_a_command_line_in_one_line(tmp_path):
     outside fairseq's option checks too) keeps its traceback and status 1."""
     script = tmp_path / "fairseq-generate"
     script.write_text("import sys\n"
-                      "from fairseq_insertion.decoding import DecodingError\n"
+                      "from fairseq_insertion.config import DecodingError\n"
                       "from fairseq_insertion.fairseq_fixes import exit_on_option_errors\n"
                       "assert exit_on_option_errors((DecodingError,), DecodingError.command_line) == "
                       "(sys.argv[0].endswith('fairseq-generate'))\n"

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from fairseq_insertion import loop as L
-from fairseq_insertion.runtime import backend as RT
 from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.runtime import Translator, TranslatorError
+from fairseq_insertion.runtime import backend as RT
 from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
 
 pytest.importorskip("onnxruntime")
@@ -222,29 +222,6 @@ def test_the_garbage_collector_is_paused_while_decoding_and_restored(trained, mo
         assert gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_an_export_with_an_earlier_step_graph_loads_and_exporting_again_removes_it(trained, tmp_path):
-    """An earlier version's ``--step-graph`` export (a ``step`` record in settings.json, ``step.onnx`` and
-    ``loop.onnx`` beside the graphs) decodes as before through the pass graph; a new export into the same
-    directory leaves neither file behind."""
-    import shutil
-
-    _, model, task, out = trained
-    old = shutil.copytree(out, tmp_path / "old")
-    settings = json.loads((old / "settings.json").read_text())
-    settings["step"] = {"graph": "step.onnx", "loop": "loop.onnx", "decoding": "parallel",
-                        "block_neighbour_copies": False, "no_repeat_ngram_size": 0, "close_ended_slots": False}
-    (old / "settings.json").write_text(json.dumps(settings))
-    for name in ("step.onnx", "loop.onnx"):
-        (old / name).write_bytes(b"not a graph")  # never read
-    lines = [task.source_dictionary.string(s[:-1]).split() for s in sources(task)]
-    expected = [r.hypotheses for r in Translator(out, intra_threads=1).translate_batch(lines)]
-    assert [r.hypotheses for r in Translator(old, intra_threads=1).translate_batch(lines)] == expected
-    assert any(h[0] for h in expected)
-    export_model(model, task.source_dictionary, task.target_dictionary, old, config=DecodingConfig(eos_penalty=0.5))
-    assert not (old / "step.onnx").exists() and not (old / "loop.onnx").exists()
-    assert "step" not in json.loads((old / "settings.json").read_text())
 
 
 def test_export_refuses_what_it_does_not_cover(tmp_path_factory, tmp_path):

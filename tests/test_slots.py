@@ -97,7 +97,7 @@ def test_the_step_rule_chooses_as_the_whole_table_with_ties(V, edges):
         np.testing.assert_allclose(eos_log_probs[:, 0], want_eos, rtol=1e-5, atol=1e-5)
         t_tok, t_lp, t_eos = choose(rule_of(joins_next, joins_prev), torch.from_numpy(content.copy()), SlotInputs(
             blocked=torch.from_numpy(blocked), eos_penalty=torch.from_numpy(penalty),
-            classes=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
+            word_edges=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
             no_end=torch.from_numpy(no_end) if edges else None))
         assert t_tok[:, 0].tolist() == want_tok.tolist()
         np.testing.assert_allclose(t_lp[:, 0].numpy(), want_lp, rtol=1e-5, atol=1e-5)
@@ -156,7 +156,7 @@ def test_k_best_tokens_with_the_end_barred_are_the_tables_top_k():
         assert tokens.shape == (N, k) and tokens.tolist() == want_ids.tolist()
         np.testing.assert_allclose(log_probs, (want - lse).numpy(), rtol=1e-5, atol=1e-5)
         t_tok, t_lp, _ = choose(rule_of(np.zeros(V, bool), np.zeros(V, bool)), torch.from_numpy(content.copy()),
-                                SlotInputs(blocked=torch.from_numpy(blocked), eos_penalty=0.0, classes=None,
+                                SlotInputs(blocked=torch.from_numpy(blocked), eos_penalty=0.0, word_edges=None,
                                            no_end=torch.ones(N, dtype=torch.bool)), k)
         assert t_tok.tolist() == want_ids.tolist()
         np.testing.assert_allclose(t_lp.numpy(), (want - lse).numpy(), rtol=1e-5, atol=1e-5)
@@ -175,7 +175,7 @@ def test_unkpen_on_torch_is_the_whole_tables_and_the_export_refuses_it(tmp_path)
         off = np.zeros(N, bool)
         want_tok, want_lp, _ = full_table(content, blocked, penalty, off, off, off, none, none, unkpen)
         t_tok, t_lp, _ = choose(rule_of(none, none, unkpen), torch.from_numpy(content.copy()), SlotInputs(
-            blocked=None, eos_penalty=0.5, classes=None, no_end=None))
+            blocked=None, eos_penalty=0.5, word_edges=None, no_end=None))
         assert t_tok[:, 0].tolist() == want_tok.tolist() and UNK in want_tok.tolist()
         np.testing.assert_allclose(t_lp[:, 0].numpy(), want_lp, rtol=1e-5, atol=1e-5)
     with pytest.raises(ExportError, match="unkpen 1.0"):
@@ -268,7 +268,7 @@ def test_the_rule_on_a_shortlist_is_the_whole_tables_rule_on_the_listed_tokens(e
             "no_end": no_end[:, None], "k": np.ones(1, np.int64)})
         t_tok, t_lp, t_eos = choose(rule_of(joins_next, joins_prev), torch.from_numpy(content.copy()), SlotInputs(
             blocked=torch.from_numpy(positions), eos_penalty=torch.from_numpy(penalty),
-            classes=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
+            word_edges=torch.from_numpy(no_next.astype(np.int64) + 2 * no_prev) if edges else None,
             no_end=torch.from_numpy(no_end) if edges else None, shortlist=torch.from_numpy(rows),
             slot_rows=torch.from_numpy(slot_rows)))
         for tok, lp, eos_lp in ((tokens, log_probs, eos_log_probs), (t_tok.numpy(), t_lp.numpy(), t_eos.numpy())):

@@ -18,7 +18,7 @@ DIR then holds what :class:`fairseq_insertion.runtime.Translator` loads (no fair
   leaves the graph;
 * ``source_vocab.txt``, ``target_vocab.txt``: one symbol per line, line i = token id i;
 * ``settings.json``: the model's ids and sizes, the decoding's options
-  (:class:`~fairseq_insertion.decoding.DecodingConfig`'s fields, as given here) and the size and
+  (:class:`~fairseq_insertion.config.DecodingConfig`'s fields, as given here) and the size and
   sha256 of every other file, which the runtime checks when it loads them; and, when known, how raw
   text was prepared for the model (``preprocessing``: :class:`~fairseq_insertion.preprocess.Preprocessing`,
   which the runtime replays on raw text);

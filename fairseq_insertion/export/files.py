@@ -111,8 +111,8 @@ class ExportFile(NamedTuple):
     setting: Optional[Tuple[str, Any]] = None
 
 
-# a previous export's are removed (and the step and loop graphs earlier versions wrote, which nothing reads)
-OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, SPM_MODEL, "step.onnx", "loop.onnx")
+# a previous export's are removed
+OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, SPM_MODEL)
 
 
 def subword_file(preprocessing: Optional[P.Preprocessing]) -> Optional[str]:

@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto
+from onnx import TensorProto, helper
 from torch import nn
 
 from ..export_format import (
     source_names,
 )
-from ..loop import word_edge_table
+from ..loop import FEEDS, word_edge_table
 from ..slots import SlotRule, choose_graph
 from ..weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
 from .graph import ExportError, Graph, _io
@@ -268,10 +268,7 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
     return g.model(
         [_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
          _io("open_slots", TensorProto.INT64, ["open"]),
-         _io("blocked", TensorProto.INT64, ["open", "blocked"]),
-         _io("eos_penalty", TensorProto.FLOAT, ["open", 1]),
-         _io("word_edges", TensorProto.INT64, ["open"]),
-         _io("no_end", TensorProto.BOOL, ["open", 1]),
+         *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
          _io("k", TensorProto.INT64, [1]), *listed],
         [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
          _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],

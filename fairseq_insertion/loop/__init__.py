@@ -5,8 +5,9 @@ Everything after the model's scores lives here, one concern a module:
 * :mod:`.ops`: the arrays of a backend (:class:`Ops`; :data:`NUMPY` here, ``decoding.TORCH`` for the
   PyTorch generator);
 * :mod:`.geometry`: framed canvases, slots, and how insertions move every per-token array;
-* :mod:`.rules`: what each open slot brings to the slot rule besides its scores (:class:`SlotInputs`): the
-  repetition rules, the word edges at constraints, the shortlist;
+* :mod:`.bans`: what the slot rules bar, on the framed canvases: repeated tokens, pieces glued onto constraints;
+* :mod:`.rules`: the slot rules, one object each (:data:`RULES`): what each open slot brings to the choice of its
+  token besides its scores (:class:`SlotInputs`), and the pass graph's inputs they fill (:data:`FEEDS`);
 * :mod:`.starts`: where a decode starts (the empty canvas, constraints, first insertions) and length limits;
 * :mod:`.state`: the typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`);
 * :mod:`.steps`: the step rules that choose a pass's insertions, the room cap, :class:`DecodeOptions` and
@@ -26,29 +27,19 @@ The package imports numpy, the standard library and :mod:`fairseq_insertion.conf
 runtime uses it).
 """
 
+from .bans import WORD_SCHEMES, repeated_tokens, repeats_a_token, word_edge_bans, word_edge_slots, word_edge_table
 from .driver import Backend, Decoded, SlotChoice, candidate_scores, candidate_targets, decode, predict, run
 from .geometry import closed_slots, frame, gather_canvas, insertion_destinations, place, slot_mask
 from .ops import NEG_INF, NUMPY, Array, NumpyOps, Ops
-from .rules import (
-    WORD_SCHEMES,
-    SlotInputs,
-    first_insertion_inputs,
-    repeated_tokens,
-    repeats_a_token,
-    shortlist_positions,
-    slot_inputs,
-    word_edge_bans,
-    word_edge_slots,
-    word_edge_table,
-)
+from .rules import FEEDS, RULES, Feed, SlotInputs, first_insertion_inputs, shortlist_positions, slot_inputs
 from .starts import Start, constraint_canvas, length_limit, length_limits, pack
 from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
 from .steps import Bounds, DecodeOptions, GreedySequenceStep, GreedySlotStep, ParallelStep, step_rule
 
-__all__ = ["NEG_INF", "NUMPY", "WORD_SCHEMES", "Array", "Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded",
-           "GreedySequenceStep", "GreedySlotStep", "Insertions", "NumpyOps", "Ops", "ParallelStep", "SlotChoice",
-           "SlotInputs", "SlotScores", "Start", "candidate_scores", "candidate_targets", "closed_slots",
-           "constraint_canvas", "decode", "first_insertion_inputs", "frame", "gather_canvas", "insertion_destinations",
-           "length_limit", "length_limits", "open_slots", "pack", "place", "predict", "repeated_tokens",
-           "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask", "slot_scores", "start_state",
-           "step_rule", "word_edge_bans", "word_edge_slots", "word_edge_table"]
+__all__ = ["Array", "Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded", "FEEDS", "Feed", "GreedySequenceStep",
+           "GreedySlotStep", "Insertions", "NEG_INF", "NUMPY", "NumpyOps", "Ops", "ParallelStep", "RULES",
+           "SlotChoice", "SlotInputs", "SlotScores", "Start", "WORD_SCHEMES", "candidate_scores", "candidate_targets",
+           "closed_slots", "constraint_canvas", "decode", "first_insertion_inputs", "frame", "gather_canvas",
+           "insertion_destinations", "length_limit", "length_limits", "open_slots", "pack", "place", "predict",
+           "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask",
+           "slot_scores", "start_state", "step_rule", "word_edge_bans", "word_edge_slots", "word_edge_table"]

@@ -49,7 +49,7 @@ def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> S
     xp, o = backend.xp, bounds.options
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (A, K + 2)
     open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
-    inputs = slot_inputs(xp, state, framed, open_, o.config, bounds.sequence, o.joins_next, o.bos, o.eos, o.pad)
+    inputs = slot_inputs(xp, state, framed, open_, bounds)
     c = backend.score_slots(memory, framed, open_, inputs, 1)  # (N, 1) each, (A, S)
     return slot_scores(xp, open_, c.tokens[:, 0], c.log_probs[:, 0], c.eos_log_probs[:, 0], c.location, o.eos,
                        bounds.sequence)

@@ -12,7 +12,7 @@ model's subword pieces), one result per input, in order, each with ``.hypotheses
 every pass predicts the open slots of every active canvas, a step rule chooses the insertions, the
 canvases grow, and a sentence leaves the batch when no slot inserts anything, when it reaches its
 length limit or after the iteration bound. Its options are the fields of
-:class:`~fairseq_insertion.decoding.DecodingConfig` that concern a single decode (``decoding``,
+:class:`~fairseq_insertion.config.DecodingConfig` that concern a single decode (``decoding``,
 ``eos_penalty``, ``max_len_a``, ``max_len_b``, ``max_iterations``, ``block_neighbour_copies``,
 ``no_repeat_ngram_size``, ``close_ended_slots``, ``max_per_pass``, ``lenpen``; candidates: ``eos_penalties``,
 ``first_insertions``, ``rerank_weight``), their defaults those the model was exported with.
@@ -37,8 +37,7 @@ the input (the rest of the batch is translated); an empty source line is decoded
 
 One path decodes every call: the encoder graph once a batch, then the pass graph (``pass.onnx``) once a pass over
 the open slots of the active canvases, the loop's bookkeeping in numpy between passes (:func:`fairseq_insertion.
-loop.run`: finished sentences leave the batch, the canvases are trimmed to the longest active one). An export made
-by an earlier version with ``--step-graph`` still loads; its ``step.onnx`` and ``loop.onnx`` are not read.
+loop.run`: finished sentences leave the batch, the canvases are trimmed to the longest active one).
 
 An export is checked when it is loaded (:mod:`fairseq_insertion.export_format`), and the
 arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
@@ -73,7 +72,8 @@ from ..preprocess import (
     prepare_line,
 )
 from ..slots import Shortlist, shortlist_rows
-from .backend import Constants, OnnxBackend, Source
+from .backend import UNFUSED, Constants, OnnxBackend, Source, session
+from .inputs import check, check_lines, check_providers, check_rows, check_source, check_tokens, count
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +115,10 @@ class Translator:
         so = ort.SessionOptions()
         if profile is not None:
             so.enable_profiling, so.profile_file_prefix = True, str(profile)
-        so.intra_op_num_threads = _count(intra_threads, "intra_threads", 0)
-        so.inter_op_num_threads = _count(inter_threads, "inter_threads", 0)
+        so.intra_op_num_threads = count(intra_threads, "intra_threads", 0)
+        so.inter_op_num_threads = count(inter_threads, "inter_threads", 0)
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        providers = _providers(providers, ort.get_available_providers())
+        providers = check_providers(providers, ort.get_available_providers())
         self.model_dir = Path(model_dir)
         F.check_present(self.model_dir)
         self.settings = F.read_settings(self.model_dir)
@@ -148,8 +148,8 @@ class Translator:
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
         unfused = UNFUSED if m["precision"] == "fp32" or m.get("quantization") == "per-row" else ()
-        self._encoder = _session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
-        self._pass = _session(ort, self.model_dir / F.PASS, so, providers, unfused)
+        self._encoder = session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
+        self._pass = session(ort, self.model_dir / F.PASS, so, providers, unfused)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)), shortlist is not None)
         self._shortlist: Optional[Shortlist] = None
@@ -162,7 +162,7 @@ class Translator:
         self._scorer = None
         """The export's scorer (``export --rerank-with``): it orders each sentence's candidates."""
         if scorer is not None:
-            self._scorer = _session(ort, scorer, so, providers, unfused)
+            self._scorer = session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants = Constants()
@@ -195,10 +195,10 @@ class Translator:
         options (see the module), the export's values by default. A source or constraints that are not
         lists of token lists (non-empty strings without whitespace), or a max_batch_size that is not an
         integer >= 0, is refused with a TranslatorError naming it."""
-        _check_source(source)
-        max_batch_size = _count(max_batch_size, "max_batch_size", 0)
+        check_source(source)
+        max_batch_size = count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
-        k = _count(num_hypotheses, "num_hypotheses", 1)
+        k = count(num_hypotheses, "num_hypotheses", 1)
         if k > opts.candidates:
             raise TranslatorError(f"num_hypotheses: {k}, but the decode makes {opts.candidates} candidate(s) a "
                                   "sentence (first_insertions x eos_penalties values)")
@@ -218,11 +218,11 @@ class Translator:
         that tokenises to nothing, gives an empty string. constraints: per line, its raw target phrases,
         prepared as the target side was (:func:`~fairseq_insertion.preprocess.prepare_constraint`).
         Needs sacremoses and subword-nmt."""
-        _check_lines(lines, "lines")
+        check_lines(lines, "lines")
         if constraints is not None:
-            _check_rows(constraints, len(lines))
+            check_rows(constraints, len(lines))
             for i, phrases in enumerate(constraints):
-                _check_lines(phrases, f"constraints[{i}]")
+                check_lines(phrases, f"constraints[{i}]")
         settings = preprocessing or self.preprocessing
         if settings is None:
             raise TranslatorError(f"{self.model_dir / F.SETTINGS}: records no preprocessing (export with "
@@ -247,7 +247,7 @@ class Translator:
         unknown = sorted(set(options) - set(RUNTIME_OPTIONS))
         if unknown:
             raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(RUNTIME_OPTIONS)}")
-        return _check({**self.defaults, **options})
+        return check({**self.defaults, **options})
 
     def encode(self, tokens: Sequence[str]) -> np.ndarray:
         """Source token ids with the end-of-sentence marker (unknown pieces: unk), as fairseq encodes a line."""
@@ -260,7 +260,7 @@ class Translator:
         """Every input's constraints (lists of target pieces) as target ids, ``___`` as the gap (pad); one
         list per input, ``n`` of them. A special symbol is refused and an unknown piece read as unk with a
         warning, each naming the constraint (``names``: how each input is called, default ``input i``)."""
-        _check_rows(constraints, n)
+        check_rows(constraints, n)
         special = {self.target_symbols[i]: i for i in (self.bos, self.eos, self.pad)}
         out = []
         for i, cs in enumerate(constraints):
@@ -270,7 +270,7 @@ class Translator:
             row = []
             for j, tokens in enumerate(cs):
                 where = f"constraints[{i}][{j}]"
-                _check_tokens(tokens, where)
+                check_tokens(tokens, where)
                 found = [t for t in tokens if t in special]
                 if found:
                     raise TranslatorError(f"{where}: holds the special symbol(s) {' '.join(found)}; a constraint is "
@@ -359,25 +359,6 @@ class Translator:
                                  scores=[c.score for c in candidates], iterations=[c.iterations for c in candidates])
 
 
-def _count(value: Any, name: str, minimum: int) -> int:
-    """An integer argument >= minimum (not a bool, a float or a string)."""
-    if (type(value) is not int and not isinstance(value, np.integer)) or value < minimum:
-        raise TranslatorError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> List[str]:
-    """onnxruntime's execution providers to use (default: CPU), each one this onnxruntime has."""
-    if providers is None:
-        return ["CPUExecutionProvider"]
-    if isinstance(providers, str) or not isinstance(providers, (list, tuple)) or not providers:
-        raise TranslatorError(f"providers: expected a non-empty list of provider names, got {providers!r}")
-    unknown = [p for p in providers if p not in available]
-    if unknown:
-        raise TranslatorError(f"providers: {unknown} not available; this onnxruntime has {list(available)}")
-    return list(providers)
-
-
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for the block, then as it was. The loop makes short-lived objects
@@ -390,73 +371,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-UNFUSED = ("SkipLayerNormFusion",)
-"""onnxruntime's graph optimizations left out of an fp32 export's sessions: its fused SkipLayerNormalization (a
-residual Add with the LayerNormalization after it) runs slower in these graphs than the two nodes apart, with the
-same outputs; so does a per-row int8 export's. An int8 export of onnxruntime's dynamic quantization keeps it: its
-rounding moves with the fusion (``docs/deploy.md``)."""
-
-
-def _session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:
-    """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file onnxruntime cannot load
-    is named."""
-    try:
-        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(unfused))
-    except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class but Exception
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TranslatorError(f"{path}: onnxruntime cannot load it ({reason}): export again") from None
-
-
-def _check_source(source: Any) -> None:
-    """translate_batch's source: a list (or tuple) of token lists of non-empty str without whitespace."""
-    if not isinstance(source, (list, tuple)):
-        raise TranslatorError(f"source: expected a list of token lists, got {type(source).__name__}")
-    for i, tokens in enumerate(source):
-        _check_tokens(tokens, f"source[{i}]")
-
-
-def _check_tokens(tokens: Any, name: str) -> None:
-    """A list (or tuple) of non-empty str tokens without whitespace, called ``name``."""
-    if isinstance(tokens, str):
-        raise TranslatorError(f"{name}: expected a list of str tokens, got a str {tokens[:40]!r} "
-                              "(split it into the model's pieces first)")
-    if not isinstance(tokens, (list, tuple)):
-        raise TranslatorError(f"{name}: expected a list of str tokens, got {type(tokens).__name__}")
-    for j, token in enumerate(tokens):
-        problem = _token_problem(token)
-        if problem:
-            raise TranslatorError(f"{name}[{j}]: {problem}")
-
-
-def _check_rows(constraints: Any, n: int) -> None:
-    """``constraints``: a list (or tuple) of one entry per input, ``n`` of them."""
-    if isinstance(constraints, str) or not isinstance(constraints, (list, tuple)):
-        raise TranslatorError(f"constraints: expected a list with one list of constraints per input, got "
-                              f"{type(constraints).__name__}")
-    if len(constraints) != n:
-        raise TranslatorError(f"constraints: {len(constraints)} lists for {n} inputs; give one per input "
-                              "(an empty list: none)")
-
-
-def _check_lines(lines: Any, name: str) -> None:
-    """A list (or tuple) of str lines, called ``name``."""
-    if isinstance(lines, str) or not isinstance(lines, (list, tuple)) or not all(isinstance(x, str) for x in lines):
-        raise TranslatorError(f"{name}: expected a list of str lines, got {type(lines).__name__}"
-                              + (f" {lines[:40]!r}" if isinstance(lines, str) else ""))
-
-
-def _token_problem(token: Any) -> str:
-    if not isinstance(token, str):
-        return f"expected a str token, got {type(token).__name__}"
-    if not token:
-        return "an empty token"
-    if token.split() != [token]:
-        return f"a token with whitespace {token[:40]!r} (one subword piece per token)"
-    return ""
-
-
-def _check(values: Dict[str, Any]) -> DecodingConfig:
-    """The options, checked by DecodingConfig (a DecodingError names the option and the value)."""
-    return DecodingConfig(**values)

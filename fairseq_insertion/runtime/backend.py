@@ -4,15 +4,35 @@ slots, the source side following the sentences that go on, and the export's scor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import loop as L
+from ..export_format import TranslatorError
+from ..loop.rules import FEEDS, fed
 
 GROUPED = 0.1
 """A pass runs its longer and its shorter canvases apart (two runs of the pass graph) where that drops at least
 this share of the canvas positions the decoder would run (the padding of the shorter ones)."""
+
+
+UNFUSED = ("SkipLayerNormFusion",)
+"""onnxruntime's graph optimizations left out of an fp32 export's sessions: its fused SkipLayerNormalization (a
+residual Add with the LayerNormalization after it) runs slower in these graphs than the two nodes apart, with the
+same outputs; so does a per-row int8 export's. An int8 export of onnxruntime's dynamic quantization keeps it: its
+rounding moves with the fusion (``docs/deploy.md``)."""
+
+
+def session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:
+    """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file onnxruntime cannot load
+    is named."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(unfused))
+    except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class but Exception
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TranslatorError(f"{path}: onnxruntime cannot load it ({reason}): export again") from None
 
 
 class Source(NamedTuple):
@@ -81,14 +101,8 @@ class OnnxBackend:
                                        **self._feeds(inputs, len(open_slots)), "k": np.asarray([k], np.int64)})
 
     def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
-        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.slots.choose_graph`)."""
-        constant = self.constant
-        penalty = inputs.eos_penalty if isinstance(inputs.eos_penalty, np.ndarray) else \
-            constant(n, inputs.eos_penalty, np.float32)  # (N,)
-        feeds = {"eos_penalty": penalty[:, None],
-                 "blocked": constant(n, self.pad, np.int64)[:, None] if inputs.blocked is None else inputs.blocked,
-                 "word_edges": constant(n, 0, np.int64) if inputs.classes is None else inputs.classes,
-                 "no_end": (constant(n, False, bool) if inputs.no_end is None else inputs.no_end)[:, None]}
+        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.loop.rules.fed`)."""
+        feeds = fed(inputs, n, self.pad, self.constant)
         if inputs.shortlist is not None:
             feeds["shortlist"] = inputs.shortlist
         return feeds
@@ -135,7 +149,6 @@ def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs
     """The slot rule's inputs of the open slots ``slots`` (a range of the pass's, row-major) of the canvases
     ``rows``."""
     cut = lambda x: x[slots] if isinstance(x, np.ndarray) else x  # noqa: E731  (None, a float: as they are)
-    return inputs._replace(blocked=cut(inputs.blocked), eos_penalty=cut(inputs.eos_penalty),
-                           classes=cut(inputs.classes), no_end=cut(inputs.no_end),
+    return inputs._replace(**{f.name: cut(getattr(inputs, f.name)) for f in FEEDS},
                            shortlist=None if inputs.shortlist is None else inputs.shortlist[rows],
                            slot_rows=None if inputs.slot_rows is None else inputs.slot_rows[slots] - rows.start)
