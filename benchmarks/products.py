@@ -110,7 +110,7 @@ def measure(args: argparse.Namespace, results: dict) -> None:
 
     from fairseq_insertion.config import DecodingConfig
     from fairseq_insertion.export import export
-    from fairseq_insertion.runtime.backend import UNFUSED
+    from fairseq_insertion.runtime import UNFUSED
 
     export_dir = args.out / "export"
     export(args.insertion, args.data_bin, export_dir, config=DecodingConfig())

@@ -200,7 +200,7 @@ def test_summary_counts_the_log2_bound_exactly():
 
 
 def test_fairseq_default_length_limit_is_tied_to_the_source():
-    from fairseq_insertion.decoding import DecodingConfig
+    from fairseq_insertion.config import DecodingConfig
 
     def limit(a, b):
         c = DecodingConfig.from_options(argparse.Namespace(), argparse.Namespace(max_len_a=a, max_len_b=b))

@@ -20,7 +20,7 @@ LAYERS = ["config", "loop", "slots", "quantization", "preprocess", "export_forma
           "canvas", "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "weights", "fast_decoder",
           "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task", "hub", "export",
           "__init__", "__main__"]
-SUBPACKAGES = {"runtime", "export"}  # imported by its name from the modules above it
+SUBPACKAGES = {"runtime", "export", "loop"}  # imported by its name from the modules above it
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:
