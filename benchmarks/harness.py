@@ -159,7 +159,7 @@ class Fairseq(Engine):
         return outputs if hasattr(self.generator, "stats") else self.count(outputs)
 
     def passes(self) -> int:  # the plugin's generator counts its own
-        return self.generator.stats["forward_passes"] if hasattr(self.generator, "stats") else self.counted
+        return self.generator.stats["passes"] if hasattr(self.generator, "stats") else self.counted
 
 
 class Runtime(Engine):

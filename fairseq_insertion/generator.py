@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
-from . import canvas as C
 from . import loop as L
 from . import slots as S
 from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
@@ -156,8 +155,7 @@ class InsertionGenerator:
                 self.shortlist = S.Shortlist.load(self.config.shortlist, len(self.src_dict), len(tgt_dict))
             except ValueError as exc:
                 raise DecodingError(f"--shortlist (shortlist=) {exc}") from None
-        self.stats = {"sentences": 0, "iterations": 0, "log2_bound": 0, "forward_passes": 0, "tokens": 0,
-                      "batches": 0}
+        self.stats = L.new_stats()
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
         # the process ends; the finalizer holds the statistics, not the generator
         weakref.finalize(self, _log_summary, self.config.decoding, self.stats)
@@ -190,8 +188,7 @@ class InsertionGenerator:
         found = L.decode(backend, cache, init, max_len, options, _reorder_constraints if unordered else None,
                          self._record if cfg.retain_history else None, shortlist)
         hypos = self._hypos(found, src_tokens.size(0))
-        self._update_stats(torch.tensor([len(c[0]["tokens"]) - 1 for c in hypos], dtype=torch.long),
-                           torch.tensor([c[0]["steps"] for c in hypos], dtype=torch.long), found.passes)
+        L.tally(self.stats, found)
         return hypos
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
@@ -300,15 +297,6 @@ class InsertionGenerator:
             "alignment": None,
         }
 
-    def _update_stats(self, lengths: Tensor, iterations: Tensor, passes: int) -> None:
-        s = self.stats
-        s["sentences"] += lengths.numel()
-        s["iterations"] += int(iterations.sum())
-        s["log2_bound"] += int(C.log2_bound(lengths).sum())
-        s["tokens"] += int(lengths.sum())
-        s["forward_passes"] += passes
-        s["batches"] += 1
-
     def summary(self) -> str:
         return _summary(self.config.decoding, self.stats)
 
@@ -318,8 +306,8 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
     return (
         f"insertion decoding ({decoding}): {s['sentences']} sentences, "
         f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
-        f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['forward_passes']} "
-        f"({s['forward_passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
+        f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
+        f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
     )
 
 

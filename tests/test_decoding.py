@@ -192,11 +192,16 @@ def test_bad_options_are_named():
 
 
 def test_summary_counts_the_log2_bound_exactly():
-    d = make_dict()
-    gen = InsertionGenerator(d)
+    from types import SimpleNamespace
+
+    from fairseq_insertion import loop as L
+
     lengths = torch.tensor([0, 1, 2, 3, 4, 7, 8, 1023, 1024])
-    gen._update_stats(lengths, torch.zeros_like(lengths), 1)
-    assert gen.stats["log2_bound"] == sum(log2_bound(int(n)) for n in lengths) == 0 + 1 + 2 + 2 + 3 + 3 + 4 + 10 + 11
+    stats = L.new_stats()
+    canvases = SimpleNamespace(lengths=lengths, iterations=torch.zeros_like(lengths))
+    L.tally(stats, L.Decoded(canvases, None, None, None, torch.zeros(9, 1, dtype=torch.long), 1))
+    assert stats["log2_bound"] == sum(log2_bound(int(n)) for n in lengths) == 0 + 1 + 2 + 2 + 3 + 3 + 4 + 10 + 11
+    assert (stats["sentences"], stats["tokens"], stats["passes"]) == (9, int(lengths.sum()), 1)
 
 
 def test_fairseq_default_length_limit_is_tied_to_the_source():

@@ -28,7 +28,18 @@ runtime uses it).
 """
 
 from .bans import WORD_SCHEMES, repeated_tokens, repeats_a_token, word_edge_bans, word_edge_slots, word_edge_table
-from .driver import Backend, Decoded, SlotChoice, candidate_scores, candidate_targets, decode, predict, run
+from .driver import (
+    Backend,
+    Decoded,
+    SlotChoice,
+    candidate_scores,
+    candidate_targets,
+    decode,
+    new_stats,
+    predict,
+    run,
+    tally,
+)
 from .geometry import closed_slots, frame, gather_canvas, insertion_destinations, place, slot_mask
 from .ops import NEG_INF, NUMPY, Array, NumpyOps, Ops
 from .rules import FEEDS, RULES, Feed, SlotInputs, first_insertion_inputs, shortlist_positions, slot_inputs
@@ -40,6 +51,6 @@ __all__ = ["Array", "Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded",
            "GreedySlotStep", "Insertions", "NEG_INF", "NUMPY", "NumpyOps", "Ops", "ParallelStep", "RULES",
            "SlotChoice", "SlotInputs", "SlotScores", "Start", "WORD_SCHEMES", "candidate_scores", "candidate_targets",
            "closed_slots", "constraint_canvas", "decode", "first_insertion_inputs", "frame", "gather_canvas",
-           "insertion_destinations", "length_limit", "length_limits", "open_slots", "pack", "place", "predict",
-           "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask",
-           "slot_scores", "start_state", "step_rule", "word_edge_bans", "word_edge_slots", "word_edge_table"]
+           "insertion_destinations", "length_limit", "length_limits", "new_stats", "open_slots", "pack", "place",
+           "predict", "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask",
+           "slot_scores", "start_state", "step_rule", "tally", "word_edge_bans", "word_edge_slots", "word_edge_table"]

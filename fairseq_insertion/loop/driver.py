@@ -4,7 +4,7 @@ over a :class:`Backend`'s three calls."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -250,3 +250,23 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
                              config.rerank_weight)  # (B n,)
     return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=best_first(xp, score, n),
                    passes=passes + more)
+
+
+def new_stats() -> Dict[str, int]:
+    """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched decoder
+    passes (the encoder not counted), iterations (steps that inserted a token), floor(log2 n)+1 of each output's
+    length n (the paper's bound on a parallel decode's iterations) and output tokens, summed over sentences."""
+    return dict.fromkeys(("sentences", "batches", "passes", "iterations", "log2_bound", "tokens"), 0)
+
+
+def tally(stats: Dict[str, int], found: Decoded) -> None:
+    """Add a batch's decode to ``stats`` (:func:`new_stats`): each sentence's best candidate counted."""
+    B, n = found.order.shape
+    best = np.asarray((found.order[:, 0] + n * np.arange(B)).tolist() if B else [], np.int64)  # (B,) their rows
+    lengths = np.asarray(found.canvases.lengths.tolist(), np.int64)[best]  # (B,)
+    bound = np.where(lengths > 0, np.floor(np.log2(np.maximum(lengths, 1))) + 1, 0)  # (B,)
+    counts = {"sentences": B, "batches": 1, "passes": found.passes, "tokens": int(lengths.sum()),
+              "iterations": int(np.asarray(found.canvases.iterations.tolist(), np.int64)[best].sum()),
+              "log2_bound": int(bound.sum())}
+    for key, value in counts.items():
+        stats[key] += value

@@ -166,9 +166,8 @@ class Translator:
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants = Constants()
-        self.stats: Dict[str, int] = {"sentences": 0, "batches": 0, "passes": 0, "iterations": 0, "tokens": 0}
-        """Counts since the translator was made: sentences, batches, batched decoder passes (the encoder
-        not counted), iterations (steps that inserted a token, summed over sentences) and output tokens."""
+        self.stats: Dict[str, int] = L.new_stats()
+        """Counts since the translator was made (:func:`fairseq_insertion.loop.driver.new_stats`)."""
 
     # ------------------------------------------------------------------ API
     def end_profiling(self) -> Dict[str, str]:
@@ -305,7 +304,9 @@ class Translator:
             logger.warning("input %d: its constraints hold %d tokens, over the length limit %d (min(max_len_a * "
                            "source length + max_len_b, max target positions - 2)); its translation is empty",
                            i, held[i], max_len[i])
-        too_long |= unfit
+        if unfit.any():  # as the PyTorch generator: decoded from an empty canvas with no room (an empty output)
+            max_len = np.where(unfit, 0, max_len)
+            constraints = [[] if unfit[i] else cs for i, cs in enumerate(constraints)]
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         results: List[List[Candidate]] = [[Candidate(np.zeros(0, np.int64), 0.0, 0)] * opts.candidates] * len(ids)
@@ -346,10 +347,7 @@ class Translator:
         found = L.decode(backend, source, start, max_len, options, shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
-        best = order[::n]  # (B,)
-        for key, value in (("sentences", B), ("batches", 1), ("passes", found.passes),
-                           ("iterations", int(out.iterations[best].sum())), ("tokens", int(out.lengths[best].sum()))):
-            self.stats[key] += value
+        L.tally(self.stats, found)
         candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
                       for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
