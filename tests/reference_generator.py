@@ -6,6 +6,7 @@ dicts and statistics are the current generator's, which the old loop shared. Not
 by the plugin.
 """
 
+from types import SimpleNamespace
 from typing import Dict, List, Tuple
 
 import torch
@@ -96,7 +97,8 @@ class ReferenceInsertionGenerator(InsertionGenerator):
             if self.config.retain_history:
                 h["history"] = history[b]
             hypos.append([h])
-        self._update_stats(lengths, iterations, passes)
+        canvases = SimpleNamespace(lengths=lengths, iterations=iterations)  # the current generator's statistics
+        L.tally(self.stats, L.Decoded(canvases, None, None, None, torch.zeros(B, 1, dtype=torch.long), passes))
         return hypos
 
 

@@ -163,3 +163,35 @@ def test_the_benchmark_import_check_sees_lazy_relative_and_package_imports():
     assert imported_modules("from . import harness as H\n", "benchmarks") == {"benchmarks.harness"}
     assert imported_modules("from examples.multi30k import recipe\n", "benchmarks") == {"examples.multi30k.recipe"}
     assert imported_modules("import fairseq_insertion.generator\n", "benchmarks") == {"fairseq_insertion.generator"}
+
+
+LOOP_ORDER = ["ops", "geometry", "starts", "state", "steps", "bans", "rules", "driver", "__init__"]
+
+
+def loop_imports(source: str) -> Set[str]:
+    """The modules a module of ``loop/`` imports, anywhere in it: ``loop.X`` for its siblings, ``X`` for the
+    package's other modules (``from ..X``), the top-level name for the others."""
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 1:
+                found.add(f"loop.{node.module}")
+            elif node.level == 2:
+                found.add(node.module or "__init__")
+            else:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_loop_imports_numpy_the_config_and_its_own_modules_down_its_order():
+    """Inside ``loop/``: each module imports only numpy, the standard library, the package's config and the loop's
+    modules before it in LOOP_ORDER (no torch, no fairseq, no onnx: the runtime runs it)."""
+    loop = PACKAGE / "loop"
+    assert sorted(p.stem for p in loop.glob("*.py")) == sorted(LOOP_ORDER)
+    wrong = [f"{p.stem} imports {m}" for p in sorted(loop.glob("*.py")) for m in sorted(loop_imports(p.read_text()))
+             if m in ("torch", "fairseq", "onnx", "onnxruntime", NAME) or (m in LAYERS and m != "config")
+             or (m.startswith("loop.") and LOOP_ORDER.index(m[5:]) >= LOOP_ORDER.index(p.stem))]
+    assert not wrong, wrong
+    assert loop_imports((loop / "starts.py").read_text()) >= {"config", "loop.ops", "numpy"}  # it reads what is there
