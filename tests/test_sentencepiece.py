@@ -160,3 +160,14 @@ def test_a_damaged_or_other_sentencepiece_model_is_refused_naming_it(spm, tmp_pa
     # a file that is no SentencePiece model
     assert_one_line_error(runtime("translate", export, "--tokenizer", "none", "--sentencepiece-model",
                                   other / "train.en", stdin="A dog.\n"), f"{other / 'train.en'}: not a SentencePiece")
+
+
+def test_the_hub_translates_raw_text_as_interactive_does(spm):
+    from fairseq_insertion.hub import from_pretrained
+
+    lines = (spm / "data" / "raw" / "test.src").read_text(encoding="utf-8").splitlines()[:6]
+    expected, _ = interactive(spm, lines)
+    hub = from_pretrained(str(spm / "ckpt"), checkpoint_file="checkpoint_last.pt",
+                          data_name_or_path=str(spm / "data" / "data-bin"), bpe="sentencepiece",
+                          sentencepiece_model=str(spm / "data" / "spm.model"), eos_penalty=0.5)
+    assert hub.translate(lines) == expected and all(expected)
