@@ -3,7 +3,7 @@ timed (the median of ``--rounds``), then once more under onnxruntime's profiler 
 which slows a run: read its shares, not its milliseconds. Per precision and batch: the pass graph's node
 count, kernel time by operator type, and the shares of a decode spent in the pass graph's runs (in its
 kernels, and in onnxruntime between them), in the encoder's runs and outside onnxruntime (the numpy loop,
-``loop.py``, and the runtime's Python). Writes OUT/passes.json and .md.
+``fairseq_insertion/loop/``, and the runtime's Python). Writes OUT/passes.json and .md.
 
     python -m benchmarks.passes --insertion INS/checkpoint.pt --data-bin KIT/data-bin --out OUT \\
         [--eos-penalty 3.5] [--sentences 200] [--batches 1 128] [--precisions fp32 int8] [--label before]
