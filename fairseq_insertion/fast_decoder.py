@@ -21,7 +21,7 @@ paths against ``extract_features``.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +30,10 @@ from torch import Tensor, nn
 
 from .weights import (
     Projection,
+    blocks,
     encoder_attention_projections,
     encoder_keys_values,
+    residual,
     self_attention_projections,
     self_attention_qkv,
 )
@@ -203,18 +205,16 @@ def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor
     """One fairseq decoder layer in inference (full self-attention over the canvas), with
     the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d);
     qkv: the self-attention's fused projection (None: projection by projection)."""
-    x = _residual(layer, layer.self_attn_layer_norm, x, lambda h: _attention(layer.self_attn, h, h, keep, qkv))
-    x = _residual(layer, layer.encoder_attn_layer_norm, x,
-                  lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep))
-    return _residual(layer, layer.final_layer_norm, x, lambda h: layer.fc2(layer.activation_dropout_module(
-        torch.relu_(layer.fc1(h)) if layer.activation_fn is F.relu else layer.activation_fn(layer.fc1(h)))))
+    sublayers = {"self_attn": lambda h: _attention(layer.self_attn, h, h, keep, qkv),
+                 "encoder_attn": lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep),
+                 "ffn": lambda h: layer.fc2(layer.activation_dropout_module(_activation(layer, layer.fc1(h))))}
+    for name, norm in blocks(layer):  # the sum added into the sublayer's fresh output (residual_connection's x + y)
+        x = residual(x, sublayers[name], norm, layer.normalize_before, lambda a, y: layer.dropout_module(y).add_(a))
+    return x
 
 
-def _residual(layer, norm: nn.Module, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum
-    (``residual_connection``'s x + y, added into the sublayer's fresh output)."""
-    x = layer.dropout_module(sublayer(norm(x) if layer.normalize_before else x)).add_(x)
-    return x if layer.normalize_before else norm(x)
+def _activation(layer, h: Tensor) -> Tensor:
+    return torch.relu_(h) if layer.activation_fn is F.relu else layer.activation_fn(h)
 
 
 def _attention(attn, x: Tensor, kv, keep: Optional[Tensor],

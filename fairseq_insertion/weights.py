@@ -3,7 +3,8 @@
 * :func:`self_attention_qkv`: a self-attention's query, key and value projections as one;
 * :func:`encoder_keys_values`: every decoder layer's encoder-attention key and value projections as one
   (the encoder's keys and values of all layers in one product);
-* :func:`slot_head`: the slot head (adjacent final states -> slot states -> location and content scores).
+* :func:`slot_head`: the slot head (adjacent final states -> slot states -> location and content scores);
+* :func:`blocks` and :func:`residual`: a Transformer layer as both paths run it, its residual blocks in order.
 
 The cached torch path (:mod:`fairseq_insertion.fast_decoder`, the model's decoding) and the ONNX graph
 builders (:mod:`fairseq_insertion.export`) both read them from here. Torch only: no fairseq import, the
@@ -12,10 +13,25 @@ modules are read by their attributes (``q_proj``, ``k_proj``, ``v_proj``, ``enco
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+
+
+def blocks(layer: nn.Module) -> Tuple[Tuple[str, nn.Module], ...]:
+    """A fairseq Transformer layer in inference: its residual blocks in order, each (sublayer, its layer norm):
+    ``self_attn``, ``encoder_attn`` (decoder layers), ``ffn``."""
+    cross = (("encoder_attn", layer.encoder_attn_layer_norm),) if getattr(layer, "encoder_attn", None) else ()
+    return (("self_attn", layer.self_attn_layer_norm), *cross, ("ffn", layer.final_layer_norm))
+
+
+def residual(x: Any, sublayer: Callable[[Any], Any], norm: Callable[[Any], Any], before: bool,
+             add: Callable[[Any, Any], Any]) -> Any:
+    """fairseq's residual block on either path's values: the layer norm ``norm`` before the sublayer (pre-norm,
+    ``layer.normalize_before``) or after the sum ``add(x, sublayer's output)`` (post-norm)."""
+    y = add(x, sublayer(norm(x) if before else x))
+    return y if before else norm(y)
 
 
 class Projection(NamedTuple):

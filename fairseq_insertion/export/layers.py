@@ -4,7 +4,7 @@ slot rule), and the scorer (a fairseq Transformer teacher-forced)."""
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -18,7 +18,7 @@ from ..export_format import (
 )
 from ..loop import FEEDS, word_edge_table
 from ..slots import SlotRule, choose_graph
-from ..weights import Projection, SlotHeadWeights, encoder_keys_values, self_attention_qkv, slot_head
+from ..weights import Projection, SlotHeadWeights, blocks, encoder_keys_values, residual, self_attention_qkv, slot_head
 from .graph import ExportError, Graph, _io
 
 
@@ -73,10 +73,12 @@ def _check_scaling(attn) -> None:
         raise ExportError(f"attention scaling {attn.scaling}: the export covers 1/sqrt(head dim)")
 
 
-def _residual(g: Graph, x: str, norm: nn.Module, before: bool, sublayer) -> str:
-    """fairseq's residual block: layer norm before (pre-norm) or after (post-norm) the sum."""
-    y = g.op("Add", x, sublayer(_layer_norm(g, x, norm) if before else x))
-    return y if before else _layer_norm(g, y, norm)
+def _layer(g: Graph, x: str, layer: nn.Module, sublayers: Dict[str, Callable[[str], str]]) -> str:
+    """A Transformer layer (:func:`fairseq_insertion.weights.blocks`) on x with its ``sublayers`` by name."""
+    for name, norm in blocks(layer):
+        x = residual(x, sublayers[name], lambda t, n=norm: _layer_norm(g, t, n), layer.normalize_before,
+                     lambda a, y: g.op("Add", a, y))
+    return x
 
 
 def _ffn(g: Graph, layer) -> Callable[[str], str]:
@@ -130,10 +132,8 @@ def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
     x = _embed(g, "src_tokens", keep, enc, encoder=True)
     mask = _mask(g, keep)
     for layer in enc.layers:
-        before = layer.normalize_before
-        x = _residual(g, x, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask))
-        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
+        x = _layer(g, x, layer, {"self_attn": lambda h, a=layer.self_attn: _self_attention(g, h, a, mask),
+                                 "ffn": _ffn(g, layer)})
     return _layer_norm(g, x, enc.layer_norm), keep
 
 
@@ -168,12 +168,10 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
     x = _embed(g, tokens, keep, dec, encoder=False)  # (A, T, C)
     mask = _mask(g, keep)
     for layer, (k, v) in zip(dec.layers, keys_values):
-        before = layer.normalize_before
-        x = _residual(g, x, layer.self_attn_layer_norm, before,
-                      lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal))
-        x = _residual(g, x, layer.encoder_attn_layer_norm, before,
-                      lambda h, a=layer.encoder_attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask))
-        x = _residual(g, x, layer.final_layer_norm, before, _ffn(g, layer))
+        x = _layer(g, x, layer, {
+            "self_attn": lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal),
+            "encoder_attn": lambda h, a=layer.encoder_attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask),
+            "ffn": _ffn(g, layer)})
     x = _layer_norm(g, x, dec.layer_norm)
     if dec.project_out_dim is not None:
         x = _linear(g, x, dec.project_out_dim)
