@@ -37,7 +37,11 @@ SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
 EXPORTED = tuple(p for p in PRECISIONS if p != "bf16")  # the precisions an export's graphs run in
 # how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
 # size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)
-QUANTIZATIONS = ("per-row", "dynamic")
+QUANTIZATIONS = {  # each scheme: whether its sessions keep onnxruntime's SkipLayerNormalization fusion (a residual Add
+    # and the LayerNormalization after it in one kernel), the graph rewrite being export/quantize.py's of that name
+    "per-row": False,  # slower fused in these graphs, the same outputs (as fp32's)
+    "dynamic": True,  # its rounding moves with the fusion: exported and checked with it
+}
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
               tuple: "a list of numbers"}

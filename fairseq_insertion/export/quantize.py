@@ -26,13 +26,15 @@ def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS), scheme: str = "p
     if scheme not in QUANTIZATIONS:
         raise ExportError(f"--int8 {scheme}: expected one of {list(QUANTIZATIONS)}")
     for name in names:
-        if scheme == "per-row":
-            model = onnx.load(str(out / name))
-            per_row(model)
-            onnx.checker.check_model(model)
-            onnx.save(model, str(out / name))
-        else:
-            _dynamic(out, name)
+        REWRITES[scheme](out, name)
+
+
+def _per_row(out: Path, name: str) -> None:
+    """:func:`fairseq_insertion.quantization.per_row` of the graph ``name``, in place."""
+    model = onnx.load(str(out / name))
+    per_row(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out / name))
 
 
 def _dynamic(out: Path, name: str) -> None:
@@ -66,3 +68,6 @@ def _typed_casts(path: Path) -> None:
                 if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.UNDEFINED:
                     attribute.i = TensorProto.FLOAT
     onnx.save(model, str(path))
+
+
+REWRITES = {"per-row": _per_row, "dynamic": _dynamic}  # export_format.QUANTIZATIONS' schemes
