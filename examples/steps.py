@@ -9,6 +9,7 @@ import math
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,9 +34,20 @@ def language_pair(data_bin: Path, source_lang: str | None = None, target_lang: s
 
 
 def train(cmd: Sequence[str], save_dir: Path) -> dict:
-    """Run one ``fairseq-train`` command into ``save_dir``: its command, seconds and training speed."""
+    """Run one ``fairseq-train`` command into ``save_dir``: its command, seconds and training speed. A process
+    killed by a signal after fairseq logged the end of training and saved ``checkpoint_last.pt`` (seen once: an
+    abort while the interpreter exited) is kept, with a warning naming the exit status; any other failure raises."""
     log = save_dir / "train.log"
-    wall = run(cmd, log)
+    start = time.perf_counter()
+    try:
+        wall = run(cmd, log)
+    except RecipeError as exc:
+        finished = log.is_file() and "| done training in " in log.read_text(errors="replace")
+        if not (finished and (save_dir / "checkpoint_last.pt").is_file() and "(exit -" in str(exc)):
+            raise
+        wall = time.perf_counter() - start
+        print(f"warning: {str(exc).splitlines()[0].split(';')[0]} after it finished training and saved "
+              f"{save_dir / 'checkpoint_last.pt'}: kept", file=sys.stderr, flush=True)
     if not (save_dir / "checkpoint_last.pt").is_file():
         raise RecipeError(f"training wrote no {save_dir / 'checkpoint_last.pt'}; log {log}")
     return {"command": shlex.join(cmd), "wall_seconds": wall, **training_speed(log), **training_losses(log)}
