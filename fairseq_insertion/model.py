@@ -268,9 +268,9 @@ class InsertionTransformerModel(TransformerModel):
         base_architecture(args)
         if getattr(args, "share_decoder_input_output_embed", None) is None:  # the arch's default: the teacher's
             args.share_decoder_input_output_embed = decoder_embeddings_shared(args)
+        output_dim = getattr(args, "decoder_output_dim", None)
         for flag, given in (("--adaptive-softmax-cutoff", getattr(args, "adaptive_softmax_cutoff", None)),
-                            ("--decoder-output-dim", getattr(args, "decoder_output_dim", args.decoder_embed_dim)
-                             != args.decoder_embed_dim and args.decoder_output_dim)):
+                            ("--decoder-output-dim", output_dim if output_dim != args.decoder_embed_dim else None)):
             if given:  # the slot head scores every slot's decoder state against the whole output embedding
                 raise ValueError(f"{flag} {given}: the Insertion Transformer's slot head reads the decoder's "
                                  f"states (--decoder-embed-dim {args.decoder_embed_dim}) and scores the whole "

@@ -210,10 +210,10 @@ def teacher_step(args: argparse.Namespace, data_bin: Path) -> tuple[Path, list[d
     return annealed / "checkpoint_last.pt", trainings
 
 
-def scoring(args: argparse.Namespace) -> list[str]:
-    """examples.warm_start's flags that turn outputs into text for BLEU: BPE joins undone and Moses-detokenised
-    (``--lang``), or with ``--spm`` fairseq's ``--post-process sentencepiece`` alone."""
-    return ["--lang", "none", "--post-process", "sentencepiece"] if args.spm else ["--lang", args.tgt]
+def scoring(args: argparse.Namespace) -> tuple[str | None, str]:
+    """How outputs become text for BLEU: (the Moses detokeniser's language, None for none; fairseq's
+    ``--post-process``): BPE joins undone and Moses-detokenised, or with ``--spm`` SentencePiece's alone."""
+    return (None, "sentencepiece") if args.spm else (args.tgt, "subword_nmt")
 
 
 def insertion_step(args: argparse.Namespace, data: Path, teacher: Path) -> dict:
@@ -221,7 +221,8 @@ def insertion_step(args: argparse.Namespace, data: Path, teacher: Path) -> dict:
     if step("insertion", out / "results.json", {}):
         argv = ["--teacher", str(teacher), "--data-bin", str(data / "data-bin"),
                 "--valid-ref", str(data / "raw" / "valid.tgt"), "--test-ref", str(data / "raw" / "test.tgt"),
-                *scoring(args), "--out", str(out), "--device", args.device,
+                "--lang", scoring(args)[0] or "none", "--post-process", scoring(args)[1], "--out", str(out),
+                "--device", args.device,
                 "--updates", str(args.stage_updates), "--lr", "1e-3", "--warmup", str(min(300, args.stage_updates)),
                 "--save-every", "300", "--average", "1", "--betas", *map(str, args.betas),
                 "--curve-beta", str(args.betas[0]), "--candidates", *map(str, args.betas), "--lenpens", "2",
@@ -271,7 +272,7 @@ def teacher_valid(args: argparse.Namespace, data: Path, teacher: Path) -> float:
     """The teacher's greedy BLEU on valid (kept in OUT/teacher_valid.json)."""
     marker = args.out / "teacher_valid.json"
     if not marker.is_file():
-        lang, post_process = (None, "sentencepiece") if args.spm else (args.tgt, "subword_nmt")
+        lang, post_process = scoring(args)
         r = steps.decode(data / "data-bin", teacher, args.out / "decode" / "teacher.valid.out",
                          read_reference(data / "raw" / "valid.tgt"), lang, "transformer", "valid", beam=1,
                          device=args.device, post_process=post_process)

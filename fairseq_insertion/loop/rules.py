@@ -67,7 +67,7 @@ class NoUnk:
         o = p.bounds.options
         if not o.config.no_unk:
             return {}
-        return {"blocked": p.xp.full((int(p.open_.sum()), 1), o.unk, like=p.state.lengths)}  # (N, 1)
+        return {"blocked": p.xp.where(p.open_, o.unk, o.pad)[p.open_][:, None]}  # (N, 1)
 
 
 class EosPenalty:

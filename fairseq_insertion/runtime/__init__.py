@@ -166,6 +166,7 @@ class Translator:
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
         self._source_names = F.source_names(m["decoder_layers"])
         self._constants = Constants()
+        self._checked: set = set()  # the preprocessings translate_text has checked against the vocabulary
         self.stats: Dict[str, int] = L.new_stats()
         """Counts since the translator was made (:func:`fairseq_insertion.loop.driver.new_stats`)."""
 
@@ -227,7 +228,9 @@ class Translator:
             raise TranslatorError(f"{self.model_dir / F.SETTINGS}: records no preprocessing (export with "
                                   "--tokenizer moses ... or pass preprocessing=Preprocessing(...))")
         try:
-            check_vocabulary(settings, self.words(), "the export's target vocabulary")
+            if settings not in self._checked:  # once per preprocessing: the SentencePiece model's pieces
+                check_vocabulary(settings, self.words(), "the export's target vocabulary")
+                self._checked.add(settings)
             source = [prepare_line(line, settings).split() for line in lines]
             pieces = None if constraints is None else [
                 [prepare_constraint(c, settings).split() for c in phrases] for phrases in constraints]
