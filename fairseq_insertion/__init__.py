@@ -1,16 +1,9 @@
-"""fairseq_insertion: the Insertion Transformer (Stern et al., 2019) as a
-fairseq ``--user-dir`` plugin.
+"""fairseq_insertion: the Insertion Transformer (Stern et al., 2019) as a fairseq ``--user-dir`` plugin.
 
-Importing the package registers the ``insertion_transformer`` model and
-architectures, the ``insertion_loss`` criterion and the
-``insertion_translation`` task, and allows fairseq checkpoints to load under
-torch's safe loader (``weights_only=True``). Without fairseq installed (a deployment), it
-registers nothing and imports nothing but the standard library: :mod:`fairseq_insertion.runtime`
-then runs exported models with numpy and onnxruntime alone. In fairseq's command lines, an
-option refused by the plugin or by fairseq's own checks ends the run in one line, as argparse's
-errors do (:func:`fairseq_insertion.fairseq_fixes.exit_on_option_errors`).
-``InsertionTransformerModel.from_pretrained`` (and :func:`fairseq_insertion.hub.from_pretrained`)
-return the constraint-aware :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`.
+Importing the package registers the ``insertion_transformer`` model and architectures, the ``insertion_loss``
+criterion and the ``insertion_translation`` task, and allows fairseq checkpoints to load under torch's safe
+loader (``weights_only=True``). Without fairseq installed (a deployment) it registers nothing and imports only
+the standard library: :mod:`fairseq_insertion.runtime` runs exported models with numpy and onnxruntime.
 """
 
 import importlib.util

@@ -1,24 +1,10 @@
 """The Insertion Transformer's training algorithm as pure tensor functions: canvas sampling, slot spans
 and weights, the paper's losses. A canvas is gathered and framed by the decoding loop's own rules
-(:func:`fairseq_insertion.loop.gather_canvas`, :func:`~fairseq_insertion.loop.frame` on
-:data:`fairseq_insertion.decoding.TORCH`), so training shows the model canvases as decoding does.
-
-Nothing here imports fairseq. Every function works on a whole padded batch at
-once (no Python loops over sentences, slots or tokens) and on whatever device
-its inputs live on.
-
-Vocabulary used throughout (Stern et al., 2019):
-
-* target ``y``: the full output sequence, ``n`` tokens, without bos/eos.
-* canvas: the partial hypothesis, an ordered subsequence of the target.
-* slot ``l``: an insertion location; a canvas of ``k`` tokens has ``k + 1``
-  slots, slot ``l`` sitting just before canvas token ``l`` (slot ``k`` is the
-  rightmost).
-* span of slot ``l``: the target tokens still missing at that slot,
-  ``y[i_l .. j_l]``.
-* order: ``left_to_right``, ``binary_tree`` or ``uniform`` (the paper's
-  training losses); termination: ``slot`` or ``sequence`` finalization.
-* end-of-slot / end-of-sequence: one real vocabulary entry (we use eos).
+(:func:`fairseq_insertion.loop.gather_canvas`, :func:`~fairseq_insertion.loop.frame`), so training shows the
+model canvases as decoding does. No fairseq; every function works on a whole padded batch, on its inputs'
+device. Names (Stern et al., 2019): target ``y`` (n tokens, no bos/eos); canvas, an ordered subsequence of it;
+slot ``l`` just before canvas token ``l`` (k + 1 slots); the span of slot ``l``, the target tokens still missing
+there; order ``left_to_right``, ``binary_tree`` or ``uniform``; termination ``slot`` or ``sequence``.
 """
 
 from __future__ import annotations

@@ -147,35 +147,13 @@ def parse_betas(value: Any) -> Tuple[float, ...]:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    """Every insertion decoding option, with its one default.
-
-    decoding: ``parallel`` (every open slot whose best token is not end-of-slot
-    receives it) or ``greedy`` (one insertion per step).
-    eos_penalty: beta, subtracted from the end-of-slot/sequence log-probability.
-    eos_penalties: several betas: every sentence is decoded under each in one
-    batch and its candidates are returned best first (by the model's score or
-    ``rerank_with``'s); empty: only ``eos_penalty``.
-    first_insertions: K > 1: every sentence is also decoded from each of the K best
-    first insertions (the tokens of the empty canvas's one slot, end-of-slot and unk excluded),
-    K x the EOS penalties candidates in one batch (unconstrained decoding only).
-    max_len_a, max_len_b: a canvas never grows beyond ``max_len_a * source
-    length + max_len_b`` tokens (nor the model's positions).
-    max_iterations: a sentence stops after this many iterations (0: its length limit).
-    block_neighbour_copies: a slot never inserts a copy of either neighbour.
-    no_repeat_ngram_size: n >= 2: no insertion makes an n-gram of the canvas occur twice (0: off).
-    close_ended_slots: a slot that chose end-of-slot stays closed (slot-finalization models).
-    max_per_pass: parallel decoding inserts at most this many tokens a pass into each sentence, the
-    highest-scoring ones (0: no cap).
-    no_unk: never insert the unknown word.
-    constraint_order: ``ordered`` (constraints kept in the given order) or
-    ``unordered`` (placed in the order the unconstrained translation suggests).
-    lenpen: hypothesis score = log-probability / (n + 1) ** lenpen (fairseq's ``--lenpen``).
-    unkpen: subtracted from the unknown word's log-probability when choosing (fairseq's ``--unkpen``).
-    retain_history: keep every intermediate canvas (``--retain-iter-history``).
-    precision: ``fp32``, ``bf16`` or ``int8`` (CPU) for every model the decode uses.
-    rerank_with: a fairseq transformer checkpoint that chooses among the candidates.
-    rerank_weight: lambda: with ``rerank_with``, a candidate's score is the reranker's
-    length-normalised log-probability + lambda x the model's own (normalised) score.
+    """Every insertion decoding option, with its one default; a field with ``help`` is the task's own flag and
+    its help says what it does. fairseq's own flags, read the same way: max_len_a, max_len_b (a canvas never
+    grows beyond ``max_len_a * source length + max_len_b`` tokens, nor the model's positions),
+    no_repeat_ngram_size (n >= 2: no insertion makes an n-gram of the canvas occur twice; 0: off),
+    constraint_order (``ordered`` or ``unordered``: placed in the order the unconstrained translation
+    suggests), lenpen (score = log-probability / (n + 1) ** lenpen), unkpen (subtracted from the unknown
+    word's log-probability when choosing) and retain_history (``--retain-iter-history``).
     """
 
     decoding: str = _option(

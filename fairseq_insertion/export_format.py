@@ -1,16 +1,8 @@
-"""The export format: what ``python -m fairseq_insertion.export`` writes and
-:class:`~fairseq_insertion.runtime.Translator` reads, in one place: the file names, each graph's inputs and
-outputs, ``settings.json``'s keys, and the checked reading of an exported directory.
-
-The reading refuses, naming the file and (in ``settings.json``) the key:
-a missing or empty file; a file whose size or sha256 differs from the one ``settings.json``
-records (exports written before the export recorded them have no such record and are not
-checked this way); ``settings.json`` that is not JSON, lacks a key, has a key of the wrong type or
-out of its range, or an unknown key under ``decoding`` or ``preprocessing``; a ``preprocessing`` record
-whose codes file is not a file of the export; a vocabulary file that is not UTF-8 or is
-cut short; a graph whose inputs and outputs are not the export's, or whose
-vocabulary size (the graph's metadata) or decoder layers differ from the vocabulary files' and
-settings'. Standard library only (the graphs are read by the caller's onnxruntime sessions).
+"""The export format in one place: the file names, each graph's inputs and outputs, ``settings.json``'s keys,
+and the checked reading of an exported directory, which refuses what it cannot take naming the file and
+(in ``settings.json``) the key: a missing, empty or changed file (size, sha256), a key missing, of the wrong
+type, out of range or unknown, a vocabulary that is not UTF-8, a graph whose inputs, outputs, vocabulary
+size or layers are not the settings'. Standard library only (the caller's onnxruntime reads the graphs).
 """
 
 from __future__ import annotations

@@ -1,40 +1,7 @@
-"""Each place the plugin works around fairseq, in one module, each documented with
-what fairseq does and what the plugin does instead. Imports fairseq and the
-standard library only.
-
-* :func:`keep_remainder_batch`: fairseq drops the final batch when its size is
-  not a multiple of ``--required-batch-size-multiple``.
-* :func:`tolerate_invalid_utf8_stdin`: fairseq-interactive decodes standard
-  input strictly.
-* :func:`safe_extract`, :func:`local_model_dir`: fairseq's ``from_pretrained``
-  extracts archives with no member filter and replaces the archive by a folder.
-* :func:`tolerant_interactive_input`: fairseq-interactive opens ``--input
-  FILE`` strictly and strips its lines; :func:`constraint_lines_on_stdin`: on
-  standard input with ``--constraints`` that strip turns a tab-led line (an
-  empty source with constraints) into a source. Such a line is given the
-  source :data:`EMPTY_SOURCE`, which the task reads as empty.
-* :func:`exit_on_option_errors`: fairseq's command lines catch no error, so an
-  option refused by the plugin, or by fairseq-generate's and -interactive's own
-  assertions (``--sampling requires --nbest to be equal to --beam``), would end
-  the run with a traceback; in their processes it ends as argparse's errors do
-  (``prog: error: ...``, status 2).
-* :func:`command_line_checkpoints`: fairseq-generate and -interactive load
-  ``--path`` with torch's loader, whose error for a file that is not a
-  checkpoint suggests ``weights_only=False``.
-* :func:`read_text_lines`: a text file read like standard input: an invalid
-  UTF-8 byte is a U+FFFD (an unknown word) and a warning naming the file and
-  line, never the end of the run.
-* :func:`skipped_inputs`: fairseq's ``GeneratorHubInterface.generate`` silently
-  drops lines that are too long for the model.
-* :func:`atomic_checkpoint_copies`: fairseq-train writes each checkpoint atomically
-  (a ``.tmp`` file renamed) but copies it to ``checkpoint_last.pt`` in place, so a
-  run killed during the copy leaves a truncated file that the next run cannot resume
-  from; the copy goes through a ``.tmp`` file renamed over the target instead.
-
-Over-long lines are the task's: in fairseq-interactive and the hub they become
-an empty output with an error naming them
-(``InsertionTranslationTask.build_dataset_for_inference``), in fairseq-generate
-they are skipped with an error naming their id (``filter_indices_by_size``).
+"""Each place the plugin works around fairseq, in one module, each function documented with
+what fairseq does and what the plugin does instead. Imports fairseq and the standard library only.
+Over-long lines are the task's (``InsertionTranslationTask.build_dataset_for_inference`` and
+``filter_indices_by_size``).
 """
 
 from __future__ import annotations

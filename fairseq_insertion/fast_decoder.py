@@ -1,22 +1,12 @@
 """The cached inference path of the insertion decoder.
 
-In decoding, every pass runs the decoder over new canvases of the same source
-sentences. :func:`encoder_cache` projects the encoder output to every layer's
-encoder-attention keys and values once per batch, all layers in one matrix
-product; :func:`cached_slot_states` then runs fairseq's decoder layers over a
-framed canvas with full self-attention (what ``extract_features(...,
-full_context_alignment=True)`` computes), each attention one
-``scaled_dot_product_attention`` call, the self-attention's queries, keys and
-values one matrix product. The fused weights (:func:`fused_projections`, read
-from :mod:`fairseq_insertion.weights` as the ONNX export reads them) are built
-once per model; the model keeps them and rebuilds them when a parameter they
-come from changes.
-
-This is the only code of the package that mirrors fairseq's layer internals
-(``TransformerDecoderBase.extract_features``, ``TransformerDecoderLayerBase``,
-``MultiheadAttention``). Layers it does not cover (:func:`cacheable`) fall back
-to fairseq's ``extract_features``. ``tests/test_fast_decoder.py`` checks both
-paths against ``extract_features``.
+:func:`encoder_cache` projects the encoder output to every layer's encoder-attention keys and values once a
+batch; :func:`cached_slot_states` runs fairseq's decoder layers over a framed canvas with full self-attention
+(``extract_features(..., full_context_alignment=True)``), each attention one ``scaled_dot_product_attention``,
+the queries, keys and values one product (:func:`fused_projections`, from :mod:`fairseq_insertion.weights` as the
+export reads them; rebuilt when a parameter changes). The only code that mirrors fairseq's layer internals;
+layers it does not cover (:func:`cacheable`) fall back to ``extract_features``; ``tests/test_fast_decoder.py``
+checks both paths against it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Greedy and parallel insertion decoding (paper: "Inference").
+"""Greedy and parallel insertion decoding with the PyTorch model (paper: "Inference").
 
-The loop (:func:`fairseq_insertion.loop.run`, shared with the deployment
-runtime) starts from the empty canvas ``[bos, eos]`` (or, with hard
-constraints, from a canvas that holds them, with the slots inside a constraint
-closed: see :func:`decoding.constraint_canvas`) and repeats one step per pass:
-
-* predict: the model scores the open slots of every active canvas
-  (:meth:`ModelBackend.score_slots`, the torch side), reusing the encoder's keys and values;
-* choose: one step rule picks the insertions (:class:`~fairseq_insertion.loop.ParallelStep`,
-  :class:`~fairseq_insertion.loop.GreedySlotStep`, :class:`~fairseq_insertion.loop.GreedySequenceStep`),
-  chosen once;
-* insert: :func:`fairseq_insertion.loop.insertion_destinations` moves every per-token tensor at once;
-* stop: a sentence leaves the batch when no slot inserts anything (every open
-  slot picks end-of-slot), when its canvas reaches the length limit, or after
-  the iteration bound.
-
-An *iteration* is a step that inserted at least one token (the paper's count:
-a perfect binary-tree decode of n tokens takes floor(log2 n) + 1 of them); the
-final pass that only finds end-of-slot is counted separately as a forward pass.
+:class:`InsertionGenerator` is the task's generator; the loop is :mod:`fairseq_insertion.loop`'s, shared
+with the deployment runtime, over :class:`ModelBackend` (the torch side of the backend's calls).
+docs/decoding.md describes the options, the iterations counted and the scores.
 """
 
 from __future__ import annotations
@@ -87,54 +72,14 @@ class InsertionGenerator:
     its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)``
     is ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 
-    Candidates: with ``eos_penalties``, every sentence is encoded once and
-    decoded under each beta in one batch (a candidate leaves the batch as soon
-    as it finishes), and its candidates (one per beta, ``eos_penalty`` says
-    which) are returned best first (fairseq's ``--nbest`` prints the first
-    k): by the model's own score (``score``), or when ``rerank`` is given (an
-    autoregressive model, one teacher-forced batch for all candidates, each
-    source encoded once) by ``rerank_score = teacher_score + rerank_weight *
-    score``, ``teacher_score`` being the reranker's length-normalised
-    log-probability.
-
-    Scores. A hypothesis's ``positional_scores`` are the log-probability of
-    the decode that made it: for each token, log p(c, l) = log p(l) +
-    log p(c | l) in the pass that inserted it (0 for constraint tokens), and
-    last, the end-of-slot decisions that ended it, the sum of log p(eos, l)
-    over the slots that chose end-of-slot in the final pass (for greedy
-    sequence finalization: the end-of-sequence (slot, eos) that won). EOS
-    penalties shape the decisions but never enter these log-probabilities
-    (``unkpen``, as fairseq's ``--unkpen``, does: an inserted ``<unk>`` scores it).
-    ``log_prob`` is their sum; ``score`` is ``log_prob / (n + 1) ** lenpen``
-    (fairseq's ``--lenpen``; n tokens plus the termination term), and
-    ``rerank``'s scores use the same ``lenpen``.
-
-    Repetition (off by default): ``block_neighbour_copies`` stops a slot from
-    inserting a copy of either of its neighbours; ``no_repeat_ngram_size`` n
-    stops it from inserting a token that makes an n-gram of the canvas occur
-    twice (see :func:`loop.repeated_tokens`). End-of-slot is never blocked.
-    The canvas never grows beyond ``max_len_a * src_len + max_len_b`` nor the
-    model's maximum target positions (minus the two boundary markers), and a
-    sentence stops after ``max_iterations`` iterations (0: its length limit).
-    close_ended_slots: a slot whose best token is end-of-slot stays closed for
-    the rest of the decode (its neighbours never change, only its context
-    does), so later passes score only the slots still open; applies to models
-    trained with slot finalization. Off by default: it can change the output.
-
-    Hard constraints (``constraints=`` of :meth:`generate`) are put on the
-    initial canvas in order and never split: the slots inside a constraint are
-    closed. They stay whole words: the dictionary's subword scheme
-    (:class:`~fairseq_insertion.decoding.WordEdges`) says which tokens glue onto
-    a neighbour, and no such token is inserted against a constraint's edge; a
-    constraint whose last piece continues into the next token (``schö@@``) is
-    completed by a token that does not, before end-of-sentence or the next
-    constraint (:func:`loop.word_edge_slots`). ``constraint_order="unordered"`` first decodes without them and
-    places them in the order in which their first tokens first occur in that
-    translation (absent ones after, in the given order; lines with a template
-    anchored at the start or end keep the given order).
-
-    The generator keeps decoding statistics (:meth:`summary`), logged once when
-    it is freed or the process ends.
+    With ``eos_penalties`` (and ``first_insertions``) each sentence is decoded
+    once per candidate in one batch and its candidates returned best first, by
+    ``score`` or, with ``rerank``, by ``rerank_score`` (docs/decoding.md, which
+    also defines ``positional_scores``). Hard constraints (``constraints=`` of
+    :meth:`generate`) go on the initial canvas as whole words
+    (:func:`~fairseq_insertion.loop.constraint_canvas`; docs/constraints.md).
+    Decoding statistics: :meth:`summary`, logged once when the generator is
+    freed or the process ends.
     """
 
     def __init__(self, tgt_dict, config: Optional[DecodingConfig] = None, *, src_dict=None,

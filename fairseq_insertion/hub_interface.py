@@ -22,16 +22,9 @@ logger = logging.getLogger(__name__)
 class InsertionHubInterface(GeneratorHubInterface):
     """fairseq's hub interface, plus hard constraints and templates.
 
-    ``translate(sentence, constraints=["word a", "b"])``, or for a list of
-    sentences one list of constraints each. Constraints are plain text,
-    encoded with the hub's tokenizer and BPE like the target; ``___`` marks a
-    template gap. ``constraint_order="unordered"`` lets the decoder choose
-    the order (see :class:`fairseq_insertion.generator.InsertionGenerator`).
-
-    One result per input, in input order: a sentence too long for the model
-    gets an empty result (``generate``: no hypotheses; ``translate``/``sample``:
-    ``""``) and a warning naming its index, where fairseq's interface would
-    leave it out and shift every later result.
+    ``translate(sentence, constraints=["word a", "b"])``, or for a list of sentences one list of constraints
+    each: plain text, encoded like the target; ``___`` marks a template gap. One result per input, in input
+    order: a sentence too long for the model gets an empty result and a warning naming its index.
     """
 
     @classmethod

@@ -1,20 +1,10 @@
 """Insertion Transformer model (paper: "Insertion Transformer Model").
 
-An ordinary fairseq Transformer encoder and decoder layers, with two changes
-to the decoder:
-
-* full self-attention: no causal mask, every canvas position sees the whole
-  canvas;
-* slot representations: the canvas is framed as ``[bos] canvas [eos]``; the
-  ``n + 2`` final states give ``n + 1`` slot states by concatenating each
-  adjacent pair (projected back to model width).
-
-Content-location distribution: factorized, ``p(c, l) = p(l) p(c | l)`` with
-``p(l) = softmax(H q)`` and ``p(c | l) = softmax(h_l W)``.
-
-Decoding runs the decoder through :mod:`fairseq_insertion.fast_decoder` (the
-cached inference path); warm start and the checkpoint and dictionary checks are
-in :mod:`fairseq_insertion.checkpoints`.
+A fairseq Transformer whose decoder has full self-attention (no causal mask) and slot representations: the
+canvas framed as ``[bos] canvas [eos]``, each adjacent pair of its ``n + 2`` final states concatenated and
+projected to one of ``n + 1`` slot states; factorized ``p(c, l) = p(l) p(c | l)`` by default. Decoding runs
+through :mod:`fairseq_insertion.fast_decoder`; warm start and the checkpoint checks live in
+:mod:`fairseq_insertion.checkpoints`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Lower-precision decoding, ``--decode-precision fp32|bf16|int8``: one model conversion for
-every model a generator decodes with (the insertion model, or an autoregressive transformer
-decoded through the same task), so that speed comparisons are like with like.
-
-* ``fp32``: the model as loaded.
-* ``bf16``: every floating-point parameter and buffer in bfloat16 (CPU: fast where oneDNN
-  reports bf16 support, e.g. AVX512-BF16 or AMX; emulated, and slow, elsewhere: a warning says
-  so). Scores and softmaxes stay in fp32: the models cast their outputs with ``.float()``.
-* ``int8``: dynamic quantization of every ``nn.Linear`` (``torch.ao.quantization.quantize_dynamic``:
-  int8 weights, activations quantized per call), CPU only. Embeddings and layer norms stay fp32.
-
-fairseq's own ``--fp16`` (``model.half()``) stays the GPU half-precision option.
+"""Lower-precision decoding, ``--decode-precision fp32|bf16|int8``: one model conversion for every model a
+generator decodes with (the insertion model, or a transformer decoded through the same task): ``bf16``
+casts every floating-point parameter and buffer (scores and softmaxes stay fp32; emulated and slow where
+oneDNN reports no bf16, with a warning), ``int8`` is torch's dynamic quantization of every ``nn.Linear``
+(CPU only). fairseq's own ``--fp16`` stays the GPU half-precision option.
 """
 
 from __future__ import annotations

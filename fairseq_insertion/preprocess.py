@@ -6,17 +6,11 @@
     prepare_line("A father-figure smiles.", settings)   # 'A father-figure smiles .' (BPE'd)
     detokenize(["Ein", "Vater@@", "figur", "lächelt", "."], settings)   # 'Ein Vaterfigur lächelt.'
 
-:func:`prepare_line` is the one preparation of a line: ``examples/multi30k/prepare.py`` makes its
-data with it (and writes its :class:`Preprocessing` as ``preprocess.json`` beside the data-bin),
-``python -m fairseq_insertion.export`` records it in an export's ``settings.json`` and the runtime
-replays it on raw text. The steps: the line stripped (an empty line stays empty), Moses punctuation
-normalisation (``normalize_punctuation``), Moses tokenisation in the line's language (dashes split
-off words only with ``aggressive_dash_splits``; XML characters escaped only with ``escape``),
-lowercasing (``lowercase``), then subword-nmt BPE with ``bpe_codes`` (none when it is None).
-:func:`detokenize` undoes what can be undone for output: the BPE joins removed and the words
-Moses-detokenised in the target language, as the benchmarks score.
-
-Standard library only until a line is prepared; then sacremoses and subword-nmt (no torch, no fairseq).
+:func:`prepare_line` is the one preparation of a line: ``examples/multi30k/prepare.py`` makes its data with it
+(writing :class:`Preprocessing` as ``preprocess.json``), the export records it and the runtime replays it:
+Moses normalisation and tokenisation, lowercasing and subword-nmt BPE as its fields say, or the raw line to a
+SentencePiece model. :func:`detokenize` undoes what can be undone for output. Standard library only until a
+line is prepared (then sacremoses, subword-nmt or sentencepiece; no torch, no fairseq).
 """
 
 from __future__ import annotations

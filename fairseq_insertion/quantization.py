@@ -1,24 +1,12 @@
-"""int8 graphs whose translations do not depend on their batch: per-row activation scales.
+"""int8 graphs whose translations do not depend on their batch: per-row activation scales (docs/deploy.md, int8).
 
-:func:`per_row` rewrites an exported fp32 graph (``encoder.onnx``, ``pass.onnx``, ``scorer.onnx``; the branches of
-an ``If`` included) so that every product by a weight matrix runs in int8:
-
-* the weight: int8 in 7 bits (:data:`WEIGHT_LEVELS`), one scale per output column (symmetric: max |w| / 63);
-* the activation x (..., K): uint8, one scale per row (each position of each sentence) computed from that row
-  alone, so no other sentence of the batch moves its rounding: x / max |x| in 127 levels around the zero point
-  128, or x / max x in 255 levels from 0 where x is a ReLU's output (quantized from the ReLU's input: the
-  negatives saturate to 0, and the ReLU goes);
-* each activation quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``), shared by every
-  product that reads it (the self-attention's q, k and v);
-* the product: onnxruntime's ``MatMulIntegerToFloat`` (u8 x s8, int32 sums: exact at any batch size), the
-  columns' scales applied in its output step and the rows' after it; the bias stays an fp32 ``Add`` (the
-  product's own bias input would be added before onnxruntime 1.32 applies the rows' scales);
-* the fused self-attention (``Attention``): its q, k and v products as above, then ``MultiHeadAttention`` (fp32)
-  with the bias, the key mask and the causal flag the ``Attention`` had.
-
-The one-column location query stays fp32 (quantizing its input would cost more than the product), as do the
-products by a graph input (the shortlist's rows). onnxruntime's own dynamic quantization (``--int8 dynamic``)
-quantizes each product's activations with one range over the whole batch instead. Only numpy and onnx.
+:func:`per_row` rewrites an exported fp32 graph (the branches of an ``If`` included) so that every product by a
+weight matrix runs in int8: the weight in 7 bits (:data:`WEIGHT_LEVELS`) with one scale per output column; the
+activation uint8 with one scale per row computed from that row alone (a ReLU's output from 0 in 255 levels, the
+ReLU going), quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``) and shared by the products that
+read it; the product onnxruntime's ``MatMulIntegerToFloat`` (int32 sums: exact at any batch size), the rows'
+scales and the fp32 bias after it; a fused ``Attention`` becomes its three products and ``MultiHeadAttention``.
+The location query's one column and the products by a graph input stay fp32. Only numpy and onnx.
 """
 
 from __future__ import annotations

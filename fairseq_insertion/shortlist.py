@@ -3,20 +3,10 @@
     python -m fairseq_insertion.shortlist --data DATA-BIN --out TABLE.npz [--frequent 200] [--translations 50] \
         [--split train] [--source-lang SRC --target-lang TGT] [--check valid]
 
-Over the split's sentence pairs (fairseq-preprocess's binarized files, read with the dictionaries
-``dict.SRC.txt`` and ``dict.TGT.txt``; the language pair read from the file names, as fairseq does, when not
-given) it counts, once per sentence, each source word, each target word and each (source, target) pair, and
-scores a pair by Dice = 2 c(s, t) / (c(s) + c(t)). The table holds:
-
-* ``frequent``: the F target words of most tokens (ties: the lower id), the dictionary's specials aside;
-* ``translations`` (source V, K): each source word's K best target words by Dice (ties: the pair seen in more
-  sentences, then the lower id), specials aside; padded with 0 (bos, which every list holds) where a word has
-  fewer; the rows of the specials and of words the split never holds are all 0.
-
-``--check SPLIT`` reports how well the table covers that split's references: each sentence's list is
-:func:`fairseq_insertion.slots.shortlist_rows` of its source (the specials, the frequent words and its source
-words' translations), and the three lines say the share of reference tokens (eos aside) in their sentence's
-list, the share of sentences whose tokens all are, and the mean list size.
+The table holds the F most frequent target words (``frequent``) and each source word's K best target words
+by Dice over the split's sentence pairs (``translations`` (source V, K), padded with 0; ties: more sentences,
+then the lower id), the specials aside. ``--check SPLIT`` reports the share of that split's reference tokens
+found in their sentence's list (:func:`fairseq_insertion.slots.shortlist_rows`). docs/decoding.md has more.
 """
 
 from __future__ import annotations

@@ -2,27 +2,12 @@
 two applications side by side, on a torch table (the PyTorch generator, :func:`choose`) and in the exported
 pass graph (:func:`choose_graph`); ``tests/test_slots.py`` checks one against the other.
 
-A pass scores each open slot over the vocabulary (N, V), raw. The rule then:
-
-* never inserts bos or pad, and judges end-of-slot apart from the tokens: it wins when its log-probability
-  less the slot's EOS penalty beta is at least the best token's;
-* bars each slot's ``blocked`` tokens (the repetition rules, :func:`fairseq_insertion.loop.repeated_tokens`);
-* next to constraint tokens (:func:`fairseq_insertion.loop.word_edge_bans`), bars by the slot's word-edge class
-  the pieces that glue onto the next token (class 1), the previous one (2) or either (3), and end-of-slot
-  where a constraint's word must be completed (``no_end``); a slot left with nothing at all ends;
-* subtracts ``unkpen`` from unk (fairseq's ``--unkpen``; torch only: the export refuses it);
-* keeps the best token (the k best for the first insertions), the lowest id among equal scores, with its
-  log p(c | l) (the penalty included when end-of-slot wins) and log p(eos | l).
-
-With a lexical shortlist (:class:`Shortlist`: the most frequent target words and each source word's likeliest
-translations, built by ``python -m fairseq_insertion.shortlist``) a slot scores only its sentence's list
-(:func:`shortlist_rows`: the ids ascending, the specials first, so that a special's position is its id) and
-the rule runs on those positions, the log-normaliser included: the list is the slot's vocabulary.
-
-The per-pass inputs (blocked tokens, penalties, word-edge classes) come from the slot rules
-(:mod:`fairseq_insertion.loop.rules`).
-This module imports numpy and the loop only: :func:`choose` takes torch tensors, :func:`choose_graph` an
-export graph builder.
+The rule never inserts bos or pad; end-of-slot wins when its log-probability less the slot's EOS penalty is
+at least the best token's; it bars each slot's ``blocked`` tokens and, next to constraints, the pieces its
+word-edge class says (and end-of-slot under ``no_end``); a slot left with nothing ends. It keeps the k best
+tokens, the lowest id among equal scores. With a lexical shortlist (:class:`Shortlist`) a slot scores only
+its sentence's list (:func:`shortlist_rows`), the log-normaliser included. The per-pass inputs come from the
+slot rules (:mod:`fairseq_insertion.loop.rules`). Imports numpy and the loop only.
 """
 
 from __future__ import annotations

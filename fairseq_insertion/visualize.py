@@ -1,42 +1,13 @@
-"""Pictures of insertion decoding: one sentence's decode, one row per iteration.
-
-Reads the output of ``fairseq-generate ... --print-step --retain-iter-history``
-and draws one sentence: row 0 is the initial canvas (empty, or the constraint
-tokens of a constrained decode), row t the canvas after iteration t, with the
-tokens inserted in that iteration highlighted; below, the final output with the
-iteration that inserted each token (its depth in the insertion tree; for a
-balanced binary tree, at most floor(log2 n) + 1). Written as hand-made SVG (no
-dependency) and, with matplotlib installed (the ``plot`` extra), as PNG::
+"""Pictures of insertion decoding: one sentence's decode, one row per iteration (docs/visualize.md).
 
     fairseq-generate data-bin --user-dir fairseq_insertion --task insertion_translation \\
         --path checkpoint.pt --print-step --retain-iter-history > gen.out
     python -m fairseq_insertion.visualize gen.out --id 0 --svg decode.svg [--png decode.png] [--text]
 
-What is read, per hypothesis (an ``H-`` line starts one; the ``P-``, ``I-`` and
-``E-`` lines that follow it with the same id belong to it; ``--hypothesis k``
-picks the k-th under ``--nbest``):
-
-* ``E-<id>_<step>``: the canvas after each iteration that inserted something,
-  as target-dictionary tokens (fairseq prints them without ``--post-process``, so
-  BPE pieces keep their ``@@``). The last one is the output.
-* ``I-<id>``: the iteration count; it must equal the number of ``E-`` lines.
-* ``P-<id>``: positional scores. The decoder gives constraint tokens the score 0
-  and every predicted token its log-probability, which is negative unless the
-  model gave it probability 1 in floating point; so the tokens of the first
-  canvas scored exactly ``0.0000`` are the initial canvas (row 0). A token
-  scored 0 that was inserted after the first iteration is a predicted one.
-
-Which tokens are new in a row: the previous row is a subsequence of this one;
-its tokens are matched left to right, each to the leftmost token of this row
-that equals it and lies after the previous match, and the tokens left unmatched
-are the new ones. When a token repeats, this takes the leftmost copy as the old
-one. It is the true alignment whenever no slot inserted a copy of the token to
-its right, which the decoder's ``--block-neighbour-copies`` rule (a slot never
-inserts a copy of either neighbour) guarantees; without it, of two equal adjacent
-tokens the right one may be drawn as the new one.
-
-This module imports nothing from the plugin, nor torch or fairseq; matplotlib
-only for PNG, when asked.
+Reads a hypothesis's ``H-``, ``P-``, ``I-`` and ``E-<id>_<step>`` lines: the canvas after each iteration,
+row 0 being the tokens of the first canvas scored exactly 0 (the constraints); a row's new tokens are
+those :func:`align` leaves unmatched. Hand-made SVG, or PNG with matplotlib (the ``plot`` extra). Imports
+nothing from the plugin, nor torch or fairseq.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """The insertion decoding loop, written once for both backends (paper: "Inference").
 
-Everything after the model's scores lives here, one concern a module:
+Everything after the model's scores lives here, one concern a module, in this order (each imports only
+those before it): :mod:`.ops` (the arrays of a backend: :class:`Ops`, :data:`NUMPY`), :mod:`.geometry`
+(framed canvases, slots, how insertions move every per-token array), :mod:`.bans` (what the slot rules
+bar), :mod:`.rules` (the slot rules, one object each: :data:`RULES`, the pass graph's inputs
+:data:`FEEDS`), :mod:`.starts` (where a decode starts, length limits), :mod:`.state` (the typed state),
+:mod:`.steps` (the step rules, :class:`DecodeOptions`, :class:`Bounds`) and :mod:`.driver` (the loop
+:func:`run` and :func:`decode` over a :class:`Backend`: ``score_slots``, ``reorder``, ``score_candidates``).
 
-* :mod:`.ops`: the arrays of a backend (:class:`Ops`; :data:`NUMPY` here, ``decoding.TORCH`` for the
-  PyTorch generator);
-* :mod:`.geometry`: framed canvases, slots, and how insertions move every per-token array;
-* :mod:`.bans`: what the slot rules bar, on the framed canvases: repeated tokens, pieces glued onto constraints;
-* :mod:`.rules`: the slot rules, one object each (:data:`RULES`): what each open slot brings to the choice of its
-  token besides its scores (:class:`SlotInputs`), and the pass graph's inputs they fill (:data:`FEEDS`);
-* :mod:`.starts`: where a decode starts (the empty canvas, constraints, first insertions) and length limits;
-* :mod:`.state`: the typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`);
-* :mod:`.steps`: the step rules that choose a pass's insertions, the room cap, :class:`DecodeOptions` and
-  :class:`Bounds`;
-* :mod:`.driver`: the loop (:func:`run`) and the one decode driver (:func:`decode`) over a :class:`Backend`, which
-  supplies three calls: ``score_slots`` (one pass of the model with the slot rule), ``reorder`` (its memory
-  follows the sentences that go on) and ``score_candidates`` (an optional scorer).
-
-The code uses only what numpy arrays and torch tensors share (operators, ``x[idx]``, slicing,
-``sum``/``any``/``argmax``/``cumsum`` along an axis, ``clip``); the rest goes through ``Ops``. One
-host round trip per pass (:meth:`Ops.host`): on a GPU the loop waits for the device once a pass.
-
-A canvas of k tokens has k + 1 slots; slot l sits just before canvas token l. Framed canvases are
-``[bos] canvas [eos]``, right-padded: slot l lies between columns l and l + 1.
-
-The package imports numpy, the standard library and :mod:`fairseq_insertion.config` only (the deployment
-runtime uses it).
+The code uses only what numpy arrays and torch tensors share; the rest goes through ``Ops``, with one host
+round trip a pass. A canvas of k tokens has k + 1 slots; slot l sits just before canvas token l; framed
+canvases are ``[bos] canvas [eos]``, right-padded: slot l lies between columns l and l + 1. Imports numpy,
+the standard library and :mod:`fairseq_insertion.config` only.
 """
 
 from .bans import WORD_SCHEMES, repeated_tokens, repeats_a_token, word_edge_bans, word_edge_slots, word_edge_table

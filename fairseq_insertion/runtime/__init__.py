@@ -6,45 +6,12 @@
     results = translator.translate_batch([["ein", "Hund", "."], ...], eos_penalty=3)
     results[0].hypotheses[0], results[0].scores[0]
 
-The interface is CTranslate2's ``Translator.translate_batch``: a list of token lists in (the
-model's subword pieces), one result per input, in order, each with ``.hypotheses`` and
-``.scores``. The loop is the PyTorch generator's, one module for both (:mod:`fairseq_insertion.loop`):
-every pass predicts the open slots of every active canvas, a step rule chooses the insertions, the
-canvases grow, and a sentence leaves the batch when no slot inserts anything, when it reaches its
-length limit or after the iteration bound. Its options are the fields of
-:class:`~fairseq_insertion.config.DecodingConfig` that concern a single decode (``decoding``,
-``eos_penalty``, ``max_len_a``, ``max_len_b``, ``max_iterations``, ``block_neighbour_copies``,
-``no_repeat_ngram_size``, ``close_ended_slots``, ``max_per_pass``, ``lenpen``; candidates: ``eos_penalties``,
-``first_insertions``, ``rerank_weight``), their defaults those the model was exported with.
-
-Candidates: with ``eos_penalties`` and ``first_insertions``, each sentence is decoded once per EOS penalty
-and first insertion, as rows of one batch, and its candidates are ordered by the model's score or, when the
-export holds a scorer (``export --rerank-with``), by the reranking score, as the PyTorch generator orders
-them (:func:`fairseq_insertion.loop.candidate_scores`); ``translate_batch(num_hypotheses=k)`` returns the
-best k.
-
-``translator.translate_text(["A dog runs."])`` translates raw lines: each prepared as the model's
-training data was (the export's recorded preprocessing, :mod:`fairseq_insertion.preprocess`), the
-outputs detokenised.
-
-Terminology: ``constraints=`` gives each sentence's hard constraints, each a token list (raw phrases
-with ``translate_text``), that must appear verbatim, whole words and in the given order
-(``translate_batch([["a", "dog"]], constraints=[[["ein", "Hund"]]])``); ``___`` inside a constraint
-marks a template gap. They go on the initial canvas and the slots inside them stay closed, as in the
-PyTorch generator (:func:`fairseq_insertion.loop.constraint_canvas`, :func:`~fairseq_insertion.loop.word_edge_bans`).
-Constraints longer than a sentence's length limit give it an empty translation, with a warning naming
-the input (the rest of the batch is translated); an empty source line is decoded from its constraints.
-
-One path decodes every call: the encoder graph once a batch, then the pass graph (``pass.onnx``) once a pass over
-the open slots of the active canvases, the loop's bookkeeping in numpy between passes (:func:`fairseq_insertion.
-loop.run`: finished sentences leave the batch, the canvases are trimmed to the longest active one).
-
-An export is checked when it is loaded (:mod:`fairseq_insertion.export_format`), and the
-arguments of ``translate_batch`` when it is called: what the runtime cannot take is refused with a
-:class:`TranslatorError` naming the file and key, or the argument.
-
-This package imports numpy and onnxruntime only (and, for raw text, sacremoses and subword-nmt): no
-torch and no fairseq run here.
+The interface is CTranslate2's ``Translator.translate_batch``; ``translate_text`` takes raw lines and
+replays the export's recorded preprocessing. The loop is the PyTorch generator's
+(:mod:`fairseq_insertion.loop`) over :class:`~fairseq_insertion.runtime.backend.OnnxBackend`; its options
+are :class:`~fairseq_insertion.config.DecodingConfig`'s runtime fields, their defaults the export's.
+docs/deploy.md describes the options, candidates, constraints and the checks made at load. This package
+imports numpy and onnxruntime only (and, for raw text, sacremoses, subword-nmt or sentencepiece).
 """
 
 from __future__ import annotations

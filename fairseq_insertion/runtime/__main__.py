@@ -3,27 +3,13 @@
     python -m fairseq_insertion.runtime translate DIR [--input FILE] [--batch-size N] [--threads N] \\
         [--tokenizer moses|none [--bpe-codes CODES --source-lang SRC --target-lang TGT ...]] [decoding options]
 
-Input lines are the model's subword pieces (BPE'd text), output lines the same; with
-``--post-process subword_nmt`` the ``@@`` joins are undone. With ``--tokenizer`` the input is raw text,
-prepared as the model's training data was (the preprocessing the export recorded, each of its settings
-changed by the options given: ``--bpe``, ``--bpe-codes``, ``--source-lang``, ``--target-lang``,
-``--[no-]normalize-punctuation``, ...; an export that records none needs ``--bpe-codes``), and the
-output is detokenised text: ``--tokenizer moses`` for Moses and subword-nmt BPE, ``--tokenizer none`` for
-a SentencePiece model (``--bpe sentencepiece --sentencepiece-model MODEL`` when the export records none),
-the text going to it as it is, as with fairseq-interactive's ``--bpe sentencepiece``.
-The input (standard input or FILE) is read as UTF-8 (a leading byte-order mark
-skipped, an invalid byte read as U+FFFD with a warning) and translated --batch-size lines at a
-time, each batch's lines written and flushed before the next is read; the output is UTF-8
-whatever the locale. An empty line, one that tokenises to nothing, or one the model cannot take
-gives an empty output line and a warning naming the line (numbered from 1). When the reader of the
-output goes away (``| head -1``), translation stops quietly with exit status 0. The decoding
-options default to the export's; each on/off option has a ``--no-`` form that switches off what
-the export switched on. Errors are one line on standard error, with exit status 2.
-
-With ``--constraints`` (fairseq-interactive's format) each input line is the source, then its hard
-constraints after tabs (``source<TAB>constraint<TAB>constraint``; ``___`` inside one marks a template
-gap): each appears in the output verbatim, whole words, in the given order. With ``--tokenizer`` the
-constraints are raw target text, prepared as the target side was.
+Input lines are the model's subword pieces, or raw text with ``--tokenizer`` (prepared as the export's
+preprocessing record says, each setting changed by the options given); ``--constraints`` reads
+fairseq-interactive's ``source<TAB>constraint...`` lines. The input is read as UTF-8 (an invalid byte is a
+U+FFFD and a warning) and translated --batch-size lines at a time, each batch flushed before the next is
+read; a line that cannot be translated gives an empty output line and a warning naming it. The decoding
+options default to the export's (each on/off option has a ``--no-`` form). Errors are one line on standard
+error, exit status 2. docs/deploy.md has the flags.
 """
 
 from __future__ import annotations
