@@ -254,25 +254,3 @@ def test_shortlist_rows_beside_the_plain_decode(kit, tmp_path):
     assert listed and set(listed) <= {tgt[i] for i in range(4, 8)}
     assert any(t["metric"].startswith("runtime with the shortlist / without seconds, fp32") for t in res["targets"])
     assert "the shortlist = none, runtime fp32" in parity and "TABLE" in json.dumps(res["command"])
-
-
-def test_each_product_of_the_pass_is_timed_in_fp32_and_int8(kit, tmp_path):
-    """benchmarks.products: every kind of product of the tiny model's pass (2 decoder layers, d 64, FFN 256), at each
-    row count, both precisions timed, int8 near fp32; the paths as placeholders."""
-    root, _, insertion = kit
-    out = tmp_path / "products"
-    cmd = [sys.executable, "-m", "benchmarks.products", "--insertion", insertion, "--data-bin", root / "bin",
-           "--out", out, "--rows", "3", "7", "--rounds", "2", "--repeats", "3"]
-    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "products.json").read_text())
-    V = len((root / "bin" / "dict.tgt.txt").read_text().splitlines()) + 4  # the specials before the file's entries
-    kinds = {(r["shape"], r["parts"], r["relu_input"], r["per_pass"]) for r in res["rows"]}
-    assert kinds == {("64 x 192", 3, False, 2), ("64 x 64", 1, False, 6), ("64 x 256", 1, False, 2),
-                     ("256 x 64", 1, True, 2), ("128 x 64", 1, False, 1), (f"64 x {V}", 1, False, 1)}
-    assert sorted(r["rows"] for r in res["rows"]) == [3] * 6 + [7] * 6
-    for r in res["rows"]:
-        assert r["fp32_us"] > 0 and r["int8_us"] > 0 and len(r["us_by_round"]["int8"]) == 2, r
-        assert 0 < r["int8_relative_error"] < 0.2, r  # int8, not a copy of fp32, and close to it
-    assert "| 256 x 64, of a ReLU's output | 2 | 7 |" in (out / "products.md").read_text()
-    assert str(root) not in (out / "products.json").read_text()
