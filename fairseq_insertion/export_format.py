@@ -12,13 +12,13 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import PRECISIONS, RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
 from .loop.rules import FEEDS
 from .preprocess import PreprocessError, Preprocessing
 
 # 2: the pass takes the word-edge rule (constraints) and each layer's keys and values; 3: candidates' options
-# (eos_penalties, rerank_weight) and an optional scorer graph
-FORMAT_VERSION = 3
+# (eos_penalties, rerank_weight) and an optional scorer graph; 4: one key, model.precision, names the int8 scheme
+FORMAT_VERSION = 4
 ENCODER, PASS, SETTINGS = "encoder.onnx", "pass.onnx", "settings.json"
 SCORER = "scorer.onnx"  # an autoregressive model that chooses among candidates (export --rerank-with), optional
 SHORTLIST = "shortlist.npz"  # the lexical shortlist table (export --shortlist), optional: the graphs then take lists
@@ -26,14 +26,14 @@ VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
-EXPORTED = tuple(p for p in PRECISIONS if p != "bf16")  # the precisions an export's graphs run in
 # how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
-# size) or onnxruntime's dynamic quantization (one range over the whole batch; exports that do not say so)
+# size) or onnxruntime's dynamic quantization (one range over the whole batch)
 QUANTIZATIONS = {  # each scheme: whether its sessions keep onnxruntime's SkipLayerNormalization fusion (a residual Add
     # and the LayerNormalization after it in one kernel), the graph rewrite being export/quantize.py's of that name
     "per-row": False,  # slower fused in these graphs, the same outputs (as fp32's)
     "dynamic": True,  # its rounding moves with the fusion: exported and checked with it
 }
+EXPORTED = ("fp32", *(f"int8-{scheme}" for scheme in QUANTIZATIONS))  # model.precision: what the graphs run in
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
               tuple: "a list of numbers"}
@@ -234,8 +234,7 @@ class Where:
 
 
 def check_model(settings: Mapping[str, Any], path: Path, source_size: int, target_size: int) -> Dict[str, Any]:
-    """``model``'s keys: ids within their vocabulary, positive sizes, the known termination and precision, and an
-    int8 export's quantization (``dynamic`` where it does not say: exported before the per-row scheme)."""
+    """``model``'s keys: ids within their vocabulary, positive sizes, the known termination and precision."""
     where = Where(path)
     model = where.section(settings, "model")
     checked = {key: where.integer(model, key, "model.", below=target_size) for key in SPECIAL_IDS}
@@ -245,9 +244,6 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
         checked[key] = where.integer(model, key, "model.", minimum=1)
     checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
     checked["precision"] = where.choice(model, "precision", EXPORTED, "model.")
-    if checked["precision"] == "int8":
-        checked["quantization"] = where.choice(model, "quantization", QUANTIZATIONS, "model.") \
-            if "quantization" in model else "dynamic"
     return checked
 
 

@@ -135,26 +135,23 @@ def test_per_row_int8_translates_the_same_at_every_batch_size(exports):
         assert same["per-row"] >= same["dynamic"], same
 
 
-def test_the_scheme_is_recorded_and_an_export_without_it_loads_as_dynamic(exports, tmp_path):
+def test_the_scheme_is_recorded_in_the_precision_and_an_unknown_one_refused(exports, tmp_path):
     root, _, out = exports
     for scheme in ("per-row", "dynamic"):
-        assert json.loads((out[scheme] / SETTINGS).read_text())["model"]["quantization"] == scheme
-    assert "quantization" not in json.loads((out["fp32"] / SETTINGS).read_text())["model"]
-    older = tmp_path / "older"  # an int8 export made before the scheme was recorded: dynamic, fused as before
-    older.mkdir()
+        assert json.loads((out[scheme] / SETTINGS).read_text())["model"]["precision"] == f"int8-{scheme}"
+    assert json.loads((out["fp32"] / SETTINGS).read_text())["model"]["precision"] == "fp32"
+    other = tmp_path / "other"
+    other.mkdir()
     for f in out["dynamic"].iterdir():
-        (older / f.name).write_bytes(f.read_bytes())
-    settings = json.loads((older / SETTINGS).read_text())
-    del settings["model"]["quantization"]
-    (older / SETTINGS).write_text(json.dumps(settings))
-    lines = [["w1", "w2", "w3"], ["w5"] * 3]
-    expected = [r.hypotheses for r in Translator(out["dynamic"], intra_threads=1).translate_batch(lines)]
-    assert [r.hypotheses for r in Translator(older, intra_threads=1).translate_batch(lines)] == expected
-    settings["model"]["quantization"] = "per-tensor"
-    (older / SETTINGS).write_text(json.dumps(settings))
-    with pytest.raises(TranslatorError, match=r"model\.quantization.*must be one of \['per-row', 'dynamic'\]") as e:
-        Translator(older)
-    assert "\n" not in str(e.value)
+        (other / f.name).write_bytes(f.read_bytes())
+    settings = json.loads((other / SETTINGS).read_text())
+    for precision in ("int8", "int8-per-tensor"):  # the scheme must be named, and be one of the export's
+        settings["model"]["precision"] = precision
+        (other / SETTINGS).write_text(json.dumps(settings))
+        with pytest.raises(TranslatorError, match=r"model\.precision.*must be one of "
+                           r"\['fp32', 'int8-per-row', 'int8-dynamic'\]") as e:
+            Translator(other)
+        assert "\n" not in str(e.value)
 
 
 def test_an_unknown_scheme_is_refused(exports, capsys):

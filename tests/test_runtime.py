@@ -130,7 +130,7 @@ def test_int8_export_decodes_every_line(trained, tmp_path):
     _, model, task, fp32 = trained
     out = export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "int8", int8="per-row")
     assert (out / "pass.onnx").stat().st_size < (fp32 / "pass.onnx").stat().st_size
-    assert json.loads((out / "settings.json").read_text())["model"]["precision"] == "int8"
+    assert json.loads((out / "settings.json").read_text())["model"]["precision"] == "int8-per-row"
     translator = Translator(out, intra_threads=1)
     results = translator.translate_batch([["w1", "w2", "w3"], [], ["w5"] * 3], max_batch_size=2)
     assert len(results) == 3 and results[1].hypotheses == [[]]

@@ -145,7 +145,7 @@ DAMAGE = {  # what is done to the export: the file named, and what the message s
     "empty settings": (write("settings.json", b""), "settings.json", "empty"),
     "settings not json": (write("settings.json", b'{"format_version": 1,'), "settings.json", "not valid JSON"),
     "settings a list": (write("settings.json", b"[1]"), "settings.json", "a JSON object expected"),
-    "newer format": (setting("format_version", 4), "settings.json", "format version 4"),
+    "newer format": (setting("format_version", 5), "settings.json", "format version 5"),
     "missing id": (without("model.eos"), "settings.json", "model.eos is missing"),
     "missing decoding": (without("decoding"), "settings.json", "decoding is missing"),
     "id a string": (setting("model.eos", "2"), "settings.json", "model.eos must be an integer in [0, 32)"),

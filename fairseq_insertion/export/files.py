@@ -94,8 +94,7 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[
             "max_source_positions": int(model.encoder.max_positions()),
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
-            "precision": "int8" if int8 else "fp32",
-            **({"quantization": int8} if int8 else {}),
+            "precision": f"int8-{int8}" if int8 else "fp32",
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }

@@ -114,7 +114,7 @@ class Translator:
         # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
-        unfused = () if m["precision"] == "int8" and F.QUANTIZATIONS[m["quantization"]] else UNFUSED
+        unfused = () if F.QUANTIZATIONS.get(m["precision"].partition("-")[2]) else UNFUSED
         self._encoder = session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
         self._pass = session(ort, self.model_dir / F.PASS, so, providers, unfused)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
