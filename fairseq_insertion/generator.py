@@ -47,14 +47,20 @@ class ModelBackend:
     src_lengths: Tensor  # (B,)
     eos: int
     pad: int
+    stats: Dict[str, int]  # its count of vocabulary rows scored ("vocabulary_rows")
     xp: Any = TORCH
 
     def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int) -> L.SlotChoice:
         """Only the open slots are projected onto the vocabulary, and only the log-normaliser (logsumexp) of each
         is computed: no (A, S, V) log-softmax."""
-        content, location = self.model.decode_slots(framed, cache, open_)  # (N, V), (A, S)
-        tokens, log_probs, eos_log_probs = S.choose(self.slot_rule, content, inputs, k)  # (N, k), (N, k), (N, 1)
-        return L.SlotChoice(tokens, log_probs, eos_log_probs, location)
+        closure = getattr(self.model.decoder, "closure", None)  # the optional slot-closure head
+        may = None if closure is None else S.may_close(inputs, open_, closure.eos_penalty, k)  # (N,)
+        p = self.model.decode_slots(framed, cache, open_, may)  # (N', V), (A, S)
+        self.stats["vocabulary_rows"] += p.content.shape[0]
+        if p.closed is None:
+            return L.SlotChoice(*S.choose(self.slot_rule, p.content, inputs, k), p.location)
+        chosen = S.choose(self.slot_rule, p.content, S.left_open(inputs, ~p.closed), k)  # (N', k), (N', k), (N', 1)
+        return L.SlotChoice(*S.closing(p.closed, p.close_log_probs, inputs.eos_penalty, self.eos, chosen), p.location)
 
     def reorder(self, cache: Any, keep: Tensor) -> Any:
         return self.model.reorder_decoding_cache(cache, keep)
@@ -100,7 +106,7 @@ class InsertionGenerator:
                 self.shortlist = S.Shortlist.load(self.config.shortlist, len(self.src_dict), len(tgt_dict))
             except ValueError as exc:
                 raise DecodingError(f"--shortlist (shortlist=) {exc}") from None
-        self.stats = L.new_stats()
+        self.stats = {**L.new_stats(), "vocabulary_rows": 0}
         # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
         # the process ends; the finalizer holds the statistics, not the generator
         weakref.finalize(self, _log_summary, self.config.decoding, self.stats)
@@ -122,7 +128,7 @@ class InsertionGenerator:
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
         init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
-        backend = ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad)
+        backend = self.backend(model, src_tokens, src_lengths)
         edges = self.word_edges.to(src_tokens.device)
         options = L.DecodeOptions(cfg, _termination(model), self.bos, self.eos, self.pad, self.tgt_dict.unk(),
                                   edges.joins_next if edges.active else None)
@@ -135,6 +141,10 @@ class InsertionGenerator:
         hypos = self._hypos(found, src_tokens.size(0))
         L.tally(self.stats, found)
         return hypos
+
+    def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
+        """The loop's backend for a batch of these sources."""
+        return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats)
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
         """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or
@@ -252,7 +262,8 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
         f"insertion decoding ({decoding}): {s['sentences']} sentences, "
         f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
         f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
-        f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f})"
+        f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
+        f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq import hub_utils
@@ -40,6 +40,7 @@ from .checkpoints import (
     dictionary_files,
     unreadable_checkpoint,
 )
+from .closure import PREFIX, SlotClosure, check_fingerprint
 from .config import TERMINATIONS
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
@@ -162,6 +163,15 @@ class SlotHead(nn.Module):
         return content, location
 
 
+class SlotPass(NamedTuple):
+    """One decoding pass's scores (:meth:`InsertionTransformerModel.decode_slots`)."""
+
+    content: Tensor  # (N', V) the raw content scores of the open slots the closure head left open (all without it)
+    location: Tensor  # (A, S) log p(l), -inf at padding slots
+    closed: Optional[Tensor] = None  # (N,) the open slots the closure head closed; None: no head applied
+    close_log_probs: Optional[Tensor] = None  # (N,) the head's log-probability that each open slot closes
+
+
 class InsertionDecoder(TransformerDecoderBase):
     """Non-causal Transformer decoder over a framed canvas, emitting slot scores.
 
@@ -175,6 +185,7 @@ class InsertionDecoder(TransformerDecoderBase):
         nn.init.xavier_uniform_(self.slot_proj.weight)
         nn.init.zeros_(self.slot_proj.bias)
         self.head: Optional[SlotHead] = None
+        self.closure: Optional[SlotClosure] = None  # optional: python -m fairseq_insertion.train_closure
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
         """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
@@ -330,18 +341,26 @@ class InsertionTransformerModel(TransformerModel):
             return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
         return cache.select(order)
 
-    def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor) -> Tuple[Tensor, Tensor]:
+    def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor,
+                     may_close: Optional[Tensor] = None) -> SlotPass:
         """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
-        canvas has no padding); select: (A, S) the slots that may receive a token (real and open).
+        canvas has no padding); select: (A, S) the slots that may receive a token (real and open);
+        may_close (N,): the selected slots the closure head may close (None: the head is not used).
 
-        Returns the content log-scores of the selected slots (N, V) in fp32, whose softmax
-        over the vocabulary is p(c | l) (unnormalised: callers normalise only what they
-        need), and log p(l) (A, S) in fp32, -inf at padding slots.
+        Returns the content log-scores (fp32, unnormalised: their softmax over the vocabulary is
+        p(c | l)) of the selected slots the head left open, and log p(l) (A, S) in fp32.
         """
         H = cached_slot_states(self.decoder, framed, cache)  # (A, S, C)
         real = framed[:, 1:].ne(self.decoder.padding_idx)  # (A, S)
+        closed = close_log_probs = None
+        if may_close is not None and self.decoder.closure is not None:
+            logits = self.decoder.closure(H[select])  # (N,)
+            closed = may_close & (logits > self.decoder.closure.threshold)
+            close_log_probs = nn.functional.logsigmoid(logits)
+            select = select.masked_scatter(select, ~closed)  # (A, S) the open slots the head left open
         content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
-        return content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1)
+        return SlotPass(content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1), closed,
+                        close_log_probs)
 
     def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()
@@ -353,6 +372,10 @@ class InsertionTransformerModel(TransformerModel):
         trained with), or any other shape that differs."""
         if self.dictionary_files is not None:
             check_dictionaries(self.dictionary_files, "the checkpoint", weights=state_dict)
+        if any(k.startswith(PREFIX) for k in state_dict):  # the optional slot-closure head
+            check_fingerprint(state_dict, "the checkpoint")
+            if self.decoder.closure is None:
+                self.decoder.closure = SlotClosure(self.decoder.output_embed_dim)
         own = self.state_dict()
         wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
                  if k in own and own[k].shape != v.shape]

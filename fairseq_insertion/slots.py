@@ -155,11 +155,13 @@ def argmax_block(width: int) -> Optional[int]:
 
 
 def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: str, eos_penalty: str, no_end: str,
-                 k: str, ids: Optional[str] = None) -> None:
+                 k: str, ids: Optional[str] = None, names: Sequence[str] = ("tokens", "log_probs", "eos_log_probs")
+                 ) -> Sequence[str]:
     """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
     scores, with the inputs ``classes`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1) and
     ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
     ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
+    ``names``: the three outputs' names (returned).
 
     The (N, V) table is read by few kernels: onnxruntime's fused ``LogSoftmax`` gives the log-probabilities, one
     scatter bars the blocked tokens and the specials on the raw scores (in the table's own buffer: it reads the
@@ -174,7 +176,7 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     log_probs = g.op("LogSoftmax", content, axis=1)  # (N, V) or (N, L)
     eos = g.const(np.asarray([rule.eos], dtype=np.int64), "eos")
     eos_score = g.op("Gather", content, eos, axis=1)  # (N, 1)
-    eos_log_probs = g.output("Gather", "eos_log_probs", log_probs, eos, axis=1)  # (N, 1)
+    eos_log_probs = g.output("Gather", names[2], log_probs, eos, axis=1)  # (N, 1)
     # the specials' rows counted from both reads of the table, so that the scatter below comes after them: its last
     # reader, onnxruntime then bars the tokens in the table's own buffer instead of a copy of it
     read = g.op("Concat", eos_score, eos_log_probs, axis=1)  # (N, 2)
@@ -217,6 +219,76 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     eos_penalised = g.op("Sub", eos_score, eos_penalty)  # (N, 1)
     eos_allowed = g.op("Where", no_end, g.scalar(NEG_INF), eos_penalised)
     eos_wins = g.op("Not", g.op("Less", eos_allowed, other))  # ties: eos, the lower id; no token left: eos
-    g.output("Where", "tokens", eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
-    g.output("Where", "log_probs", eos_wins, g.op("Sub", eos_log_probs, eos_penalty),
+    g.output("Where", names[0], eos_wins, g.const(np.asarray(rule.eos, np.int64), "eos_id"), other_id)
+    g.output("Where", names[1], eos_wins, g.op("Sub", eos_log_probs, eos_penalty),
              g.op("GatherElements", log_probs, other_at, axis=1))
+    return names
+
+
+# The slot-closure head (fairseq_insertion.closure): a slot it closes takes end-of-slot without the vocabulary.
+
+def may_close(inputs: SlotInputs, open_: Any, beta: Any, k: int) -> Optional[Any]:
+    """On torch: (N,) the open slots (``open_`` (A, S)) the closure head may close: those decoded at its EOS penalty
+    ``beta`` (a 0-d tensor) that may end; None for the k-best first insertions."""
+    if k > 1:
+        return None
+    may = open_[open_]  # (N,) True
+    penalty = inputs.eos_penalty
+    may = may & (penalty == beta) if hasattr(penalty, "shape") else may & bool(np.float32(penalty) == beta.item())
+    return may if inputs.no_end is None else may & ~inputs.no_end.reshape(-1)
+
+
+def left_open(inputs: SlotInputs, keep: Any) -> SlotInputs:
+    """The :class:`SlotInputs` of the open slots ``keep`` (N,) selects (torch's boolean mask or the graph's
+    indices alike)."""
+    take = lambda v: v[keep] if hasattr(v, "shape") and v.ndim else v  # noqa: E731
+    return inputs._replace(blocked=take(inputs.blocked), eos_penalty=take(inputs.eos_penalty),
+                           word_edges=take(inputs.word_edges), no_end=take(inputs.no_end),
+                           slot_rows=take(inputs.slot_rows))
+
+
+def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chosen: Tuple[Any, Any, Any]
+            ) -> Tuple[Any, Any, Any]:
+    """On torch: every open slot's (N, k) tokens, log-probabilities and (N, 1) end-of-slot log-probabilities, from
+    ``chosen`` (:func:`choose` of the slots left open) and end-of-slot where the head ``closed`` (N,) the slot, its
+    log-probability the head's ``close_log_probs`` (N,) (less the EOS penalty in the chosen token's, as
+    :func:`choose` does)."""
+    tokens, log_probs, eos_log_probs = chosen
+    beta = eos_penalty.reshape(-1) if hasattr(eos_penalty, "shape") else eos_penalty  # (N,) or a float
+    k, open_ = tokens.shape[1], ~closed
+    out_tokens = tokens.new_full((closed.shape[0], k), eos).masked_scatter(open_[:, None], tokens)  # (N, k)
+    out_log_probs = (close_log_probs - beta)[:, None].repeat(1, k).masked_scatter(open_[:, None], log_probs)
+    out_eos = close_log_probs[:, None].masked_scatter(open_[:, None], eos_log_probs)  # (N, 1)
+    return out_tokens, out_log_probs, out_eos
+
+
+def closing_graph(g: Any, closure: Any, states: str, eos_penalty: str, no_end: str, k: str) -> Tuple[str, str]:
+    """In the pass graph: the closure head (``closure``: a :class:`~fairseq_insertion.closure.SlotClosure`) on the
+    open slots' ``states`` (N, C), as :func:`may_close` and the model's ``decode_slots``: the indices of the slots
+    it leaves open (N',) and its log-probability that each slot closes (N, 1)."""
+    hidden = g.op("Relu", g.op("Add", g.op("MatMul", states, g.const(closure.hidden.weight.t(), "closure_hidden")),
+                               g.const(closure.hidden.bias, "closure_hidden_bias")))  # (N, C)
+    logits = g.op("Add", g.op("MatMul", hidden, g.const(closure.out.weight.t(), "closure_out")),
+                  g.const(closure.out.bias, "closure_out_bias"))  # (N, 1)
+    closes = g.op("And", g.op("Greater", logits, g.const(closure.threshold.reshape(1, 1), "closure_threshold")),
+                  g.op("And", g.op("Equal", eos_penalty, g.const(closure.eos_penalty.reshape(1, 1), "closure_beta")),
+                       g.op("Not", no_end)))  # (N, 1)
+    first = g.op("Greater", k, g.const(np.asarray([1], np.int64), "k_one"))  # (1,) the k-best first insertions
+    closes = g.op("And", closes, g.op("Not", first))
+    kept = g.op("NonZero", g.op("Not", closes))  # (2, N'): rows, then column 0s
+    rows = g.op("Gather", kept, g.const(np.asarray(0, np.int64), "rows_axis"), axis=0)  # (N',)
+    return rows, g.op("Neg", g.op("Softplus", g.op("Neg", logits)))  # log sigmoid (N, 1)
+
+
+def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, eos: int, chosen: Sequence[str]
+                    ) -> None:
+    """The pass graph's outputs ``tokens``, ``log_probs`` and ``eos_log_probs`` of every open slot, from ``chosen``
+    (:func:`choose_graph` of the slots ``rows`` (N',) left open), as :func:`closing`."""
+    tokens, log_probs, eos_log_probs = chosen
+    at = g.op("Unsqueeze", rows, g.ints(1))  # (N', 1)
+    shape = g.op("Concat", g.op("Shape", close_log_probs, end=1), g.op("Shape", tokens, start=1), axis=0)  # (N, k)
+    g.output("ScatterND", "tokens", g.op("Expand", g.const(np.asarray([[eos]], np.int64), "eos_id"), shape), at,
+             tokens)
+    g.output("ScatterND", "log_probs", g.op("Expand", g.op("Sub", close_log_probs, eos_penalty), shape), at,
+             log_probs)
+    g.output("ScatterND", "eos_log_probs", close_log_probs, at, eos_log_probs)

@@ -11,6 +11,7 @@ from fairseq.data import Dictionary
 
 from fairseq_insertion.canvas import log2_bound
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.model import SlotPass
 
 V_WORDS = 40
 
@@ -88,9 +89,9 @@ class OracleModel:
     def reorder_decoding_cache(self, cache, order):
         return self.encoder.reorder_encoder_out(cache, order)
 
-    def decode_slots(self, framed, cache, select):
+    def decode_slots(self, framed, cache, select, may_close=None):
         content, location = self.slot_log_probs(self.decoder(framed, encoder_out=cache), framed)
-        return content[select], location
+        return SlotPass(content[select], location)
 
 
 def batch_for(d, targets):

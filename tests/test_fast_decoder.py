@@ -96,7 +96,7 @@ def test_decoding_pass_equals_the_training_forward(data):
         cache = model.decoding_cache(model.encoder(src["src_tokens"], src_lengths=src["src_lengths"]))
         kept = framed[order][:, : int(framed[order].ne(d.pad()).sum(1).max())]  # trimmed to the longest canvas
         select = kept[:, 1:].ne(d.pad())  # (A, S) every real slot
-        got_content, got_location = model.decode_slots(kept, model.reorder_decoding_cache(cache, order), select)
+        got_content, got_location, *_ = model.decode_slots(kept, model.reorder_decoding_cache(cache, order), select)
     S = select.size(1)
     torch.testing.assert_close(got_content.log_softmax(-1), content[order][:, :S][select], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_location[select], location[order][:, :S][select], atol=1e-5, rtol=1e-5)

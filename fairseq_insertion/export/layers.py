@@ -17,7 +17,7 @@ from ..export_format import (
     source_names,
 )
 from ..loop import FEEDS, word_edge_table
-from ..slots import SlotRule, choose_graph
+from ..slots import SlotRule, choose_graph, closing_graph, closing_outputs
 from ..weights import Projection, SlotHeadWeights, blocks, encoder_keys_values, residual, self_attention_qkv, slot_head
 from .graph import ExportError, Graph, _io
 
@@ -247,10 +247,22 @@ def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, 
     L = len(dec.layers)
     names = source_names(L)
     x, keep = _decode(g, dec, framed, list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
-    content, ids = _slot_head(g, x, keep, slot_head(dec), open_slots, shortlisted)  # (N, V) or (N, L) each
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
-    choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k, ids)
+    head = slot_head(dec)
+    if getattr(dec, "closure", None) is None:
+        content, ids = _slot_head(g, x, keep, head, open_slots, shortlisted)  # (N, V) or (N, L) each
+        choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k, ids)
+        return
+    if shortlisted:
+        raise ExportError("a model with a slot-closure head cannot be exported with --shortlist")
+    states, _ = _slot_head(g, x, keep, head, open_slots, project=False)  # (N, C)
+    rows, close_log_probs = closing_graph(g, dec.closure, states, eos_penalty, no_end, k)  # (N',), (N, 1)
+    left = lambda value: g.op("Gather", value, rows, axis=0)  # noqa: E731  the slots left open
+    content = g.op("MatMul", left(states), g.const(head.output.weight.t(), "output_projection"))  # (N', V)
+    chosen = choose_graph(g, rule, content, left(classes), left(blocked), left(eos_penalty), left(no_end), k,
+                          names=("open_tokens", "open_log_probs", "open_eos_log_probs"))
+    closing_outputs(g, rows, close_log_probs, eos_penalty, eos, chosen)
 
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
@@ -273,8 +285,8 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
         vocab_size=len(dec.dictionary))
 
 
-def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False
-               ) -> Tuple[str, Optional[str]]:
+def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False,
+               project: bool = True) -> Tuple[str, Optional[str]]:
     """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the
     final states x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``,
     log p(l) (A, W-1), -inf at padding slots, and returns the content scores of the ``open_slots`` (N,)
@@ -298,4 +310,6 @@ def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: s
                                                                 axis=0)), open_slots, axis=0)  # (N, L)
         return listed, ids
     Hc = g.op("Gather", g.op("Reshape", H, g.ints(-1, C)), open_slots, axis=0)  # (N, C) open slots only
+    if not project:  # the open slots' states
+        return Hc, None
     return g.op("MatMul", Hc, g.const(head.output.weight.t(), "output_projection")), None  # (N, V)
