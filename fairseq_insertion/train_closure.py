@@ -90,7 +90,7 @@ def train_head(states: Tensor, closes: Tensor, epochs: int = 8, seed: int = 1) -
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         logger.info(f"epoch {epoch + 1}: loss {total / len(states):.4f}")
     return head.eval()
 
@@ -113,6 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-repeat-ngram-size", type=int, default=0)
     p.add_argument("--sentences", type=int, default=4000, help="training lines decoded (default 4000)")
     p.add_argument("--post-process", default="subword_nmt", help="how valid's pieces become words for BLEU")
+    p.add_argument("--threshold", type=float, help="this probability instead of the one chosen on valid")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s", stream=sys.stderr)
     state = checkpoint_utils.load_checkpoint_to_cpu(args.path, {"data": args.data})
@@ -142,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logger.info(f"valid without the head: BLEU {base:.2f}")
     model.decoder.closure = head
     chosen = None
-    for probability in THRESHOLDS:
+    for probability in THRESHOLDS if args.threshold is None else (args.threshold,):
         head.threshold.fill_(math.log(probability / (1 - probability)))
         generator = InsertionGenerator(task.target_dictionary, config, src_dict=task.source_dictionary)
         found = decode(model, generator, valid, range(len(valid)))
@@ -150,14 +151,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = generator.stats["vocabulary_rows"] / max(generator.stats["tokens"], 1)
         logger.info(f"threshold {probability}: BLEU {score:.2f}, outputs equal {same:.4f}, vocabulary rows per "
                     f"output token {rows:.2f}")
-        if score >= base - 0.1 and same >= 0.97:
+        if args.threshold is not None or (score >= base - 0.1 and same >= 0.97):
             chosen = probability
             break
     if chosen is None:
         raise SystemExit(f"{args.path}: no threshold keeps valid within 0.1 BLEU; the head was not written")
-    state["model"] = {**{k: v for k, v in state["model"].items() if not k.startswith(PREFIX)},
+    saved = torch.load(args.path, map_location="cpu", weights_only=True)  # as fairseq saved it (cfg a dict)
+    saved["model"] = {**{k: v for k, v in saved["model"].items() if not k.startswith(PREFIX)},
                       **{PREFIX + k: v for k, v in head.state_dict().items()}}
-    torch.save(state, args.out)
+    torch.save(saved, args.out)
     logger.info(f"{args.out}: threshold {chosen}, beta {args.eos_penalty:g}")
     return 0
 
