@@ -229,7 +229,7 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
 
 def may_close(inputs: SlotInputs, open_: Any, beta: Any, k: int) -> Optional[Any]:
     """On torch: (N,) the open slots (``open_`` (A, S)) the closure head may close: those decoded at its EOS penalty
-    ``beta`` (a 0-d tensor) that may end; None for the k-best first insertions."""
+    ``beta`` (a 0-d tensor) that may end; None for the k-best first insertions (which may not end either)."""
     if k > 1:
         return None
     may = open_[open_]  # (N,) True
@@ -262,22 +262,20 @@ def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chose
     return out_tokens, out_log_probs, out_eos
 
 
-def closing_graph(g: Any, closure: Any, states: str, eos_penalty: str, no_end: str, k: str) -> Tuple[str, str]:
+def closing_graph(g: Any, closure: Any, states: str, eos_penalty: str, no_end: str) -> Tuple[str, str]:
     """In the pass graph: the closure head (``closure``: a :class:`~fairseq_insertion.closure.SlotClosure`) on the
     open slots' ``states`` (N, C), as :func:`may_close` and the model's ``decode_slots``: the indices of the slots
     it leaves open (N',) and its log-probability that each slot closes (N, 1)."""
     hidden = g.op("Relu", g.op("Add", g.op("MatMul", states, g.const(closure.hidden.weight.t(), "closure_hidden")),
-                               g.const(closure.hidden.bias, "closure_hidden_bias")))  # (N, C)
-    logits = g.op("Add", g.op("MatMul", hidden, g.const(closure.out.weight.t(), "closure_out")),
-                  g.const(closure.out.bias, "closure_out_bias"))  # (N, 1)
-    closes = g.op("And", g.op("Greater", logits, g.const(closure.threshold.reshape(1, 1), "closure_threshold")),
-                  g.op("And", g.op("Equal", eos_penalty, g.const(closure.eos_penalty.reshape(1, 1), "closure_beta")),
-                       g.op("Not", no_end)))  # (N, 1)
-    first = g.op("Greater", k, g.const(np.asarray([1], np.int64), "k_one"))  # (1,) the k-best first insertions
-    closes = g.op("And", closes, g.op("Not", first))
-    kept = g.op("NonZero", g.op("Not", closes))  # (2, N'): rows, then column 0s
-    rows = g.op("Gather", kept, g.const(np.asarray(0, np.int64), "rows_axis"), axis=0)  # (N',)
-    return rows, g.op("Neg", g.op("Softplus", g.op("Neg", logits)))  # log sigmoid (N, 1)
+                               g.const(closure.hidden.bias, "closure_hidden_bias")))  # (N, C): int8 in an int8 export
+    logits = g.op("Gemm", hidden, g.const(closure.out.weight, "closure_out"), g.const(closure.out.bias,
+                  "closure_out_bias"), transB=1)  # (N, 1)
+    # no_end bars the k-best first insertions' slots from ending too
+    opens = g.op("Or", g.op("Or", g.op("LessOrEqual", logits, g.const(closure.threshold.reshape(1, 1), "threshold")),
+                            no_end), g.op("Not", g.op("Equal", eos_penalty, g.const(closure.eos_penalty.reshape(1, 1),
+                                                                                      "closure_beta"))))  # (N, 1)
+    rows = g.op("Gather", g.op("NonZero", opens), g.const(np.asarray(0, np.int64), "rows_axis"), axis=0)  # (N',)
+    return rows, g.op("Log", g.op("Sigmoid", logits))  # (N, 1), accurate where it closes (a logit above 0)
 
 
 def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, eos: int, chosen: Sequence[str]

@@ -83,3 +83,14 @@ def test_a_head_trained_for_another_model_is_refused(with_head, tmp_path):
         checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "other.pt")],
                                                       arg_overrides={"data": str(root / "bin")})
     assert "\n" not in str(e.value)
+
+
+def test_int8_with_the_head_translates_a_sentence_alike_at_every_batch_size(with_head, tmp_path):
+    from fairseq_insertion.runtime import Translator
+
+    _, _, head, task = with_head
+    config = DecodingConfig(eos_penalty=0.5)
+    translator = Translator(export_model(head, task.source_dictionary, task.target_dictionary, tmp_path / "q",
+                                         int8="per-row"), intra_threads=1)
+    got = {b: [t for t, _ in runtime_hypotheses(translator, task, config, b)] for b in (1, 5, 24)}
+    assert got[1] == got[5] == got[24] and any(got[1])

@@ -257,7 +257,7 @@ def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, 
     if shortlisted:
         raise ExportError("a model with a slot-closure head cannot be exported with --shortlist")
     states, _ = _slot_head(g, x, keep, head, open_slots, project=False)  # (N, C)
-    rows, close_log_probs = closing_graph(g, dec.closure, states, eos_penalty, no_end, k)  # (N',), (N, 1)
+    rows, close_log_probs = closing_graph(g, dec.closure, states, eos_penalty, no_end)  # (N',), (N, 1)
     left = lambda value: g.op("Gather", value, rows, axis=0)  # noqa: E731  the slots left open
     content = g.op("MatMul", left(states), g.const(head.output.weight.t(), "output_projection"))  # (N', V)
     chosen = choose_graph(g, rule, content, left(classes), left(blocked), left(eos_penalty), left(no_end), k,
