@@ -1,5 +1,5 @@
 """The slot-closure head: one logit a slot from its state h (the vocabulary projection's input), trained with the
-model frozen (``python -m fairseq_insertion.train_closure``) to say whether the model's own decision at the head's
+model frozen (``python -m examples.train_closure``) to say whether the model's own decision at the head's
 EOS penalty closes the slot. At decoding, an open slot whose logit is above the head's threshold, whose EOS
 penalty is the head's and that may end takes end-of-slot without the vocabulary projection
 (:func:`fairseq_insertion.slots.closing` on torch, :func:`~fairseq_insertion.slots.closing_graph` in the export);
@@ -46,4 +46,4 @@ def check_fingerprint(state: Mapping[str, Tensor], name: str) -> None:
     if PREFIX + "body" in state and not torch.equal(state[PREFIX + "body"].cpu(), fingerprint(state)):
         raise ValueError(f"{name}: its slot-closure head ({PREFIX}*) was trained for another model (the slot and "
                          "output projections differ); train one for this model with python -m "
-                         "fairseq_insertion.train_closure")
+                         "examples.train_closure")

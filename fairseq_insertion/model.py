@@ -185,7 +185,7 @@ class InsertionDecoder(TransformerDecoderBase):
         nn.init.xavier_uniform_(self.slot_proj.weight)
         nn.init.zeros_(self.slot_proj.bias)
         self.head: Optional[SlotHead] = None
-        self.closure: Optional[SlotClosure] = None  # optional: python -m fairseq_insertion.train_closure
+        self.closure: Optional[SlotClosure] = None  # optional: python -m examples.train_closure
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
         """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:

@@ -1,5 +1,5 @@
 """The slot-closure head (fairseq_insertion.closure) on a tiny trained model: trained by
-``python -m fairseq_insertion.train_closure``, loaded with the checkpoint, applied by the PyTorch generator and by the
+``python -m examples.train_closure``, loaded with the checkpoint, applied by the PyTorch generator and by the
 exported pass graph alike (every test sentence's hypothesis and score, parallel and greedy, with constraints and
 with several EOS penalties), a model without it decoded as before, and a head refused on another model."""
 
@@ -23,7 +23,7 @@ pytest.importorskip("onnxruntime")
 def with_head(tmp_path_factory):
     root, plain, task = trained_reverse_model(tmp_path_factory, "closure", 24)
     out = root / "with_head.pt"
-    cmd = [sys.executable, "-m", "fairseq_insertion.train_closure", "--path", root / "ckpt" / "checkpoint_last.pt",
+    cmd = [sys.executable, "-m", "examples.train_closure", "--path", root / "ckpt" / "checkpoint_last.pt",
            "--data", root / "bin", "--out", out, "--eos-penalty", "0.5", "--sentences", "300", "--threshold", "0.6",
            "--post-process", "none"]
     proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)

@@ -1,6 +1,6 @@
 """Train a model's slot-closure head (:mod:`fairseq_insertion.closure`) with the model frozen; write the model with it.
 
-    python -m fairseq_insertion.train_closure --path CHECKPOINT --data DATA-BIN --out NEW.pt --eos-penalty BETA \\
+    python -m examples.train_closure --path CHECKPOINT --data DATA-BIN --out NEW.pt --eos-penalty BETA \\
         [--block-neighbour-copies] [--no-repeat-ngram-size 3] [--sentences 4000] [--post-process subword_nmt]
 
 The model decodes ``--sentences`` source lines of the training split (parallel, at BETA, the repetition rules
@@ -26,13 +26,13 @@ from fairseq.data.data_utils import post_process
 from sacrebleu.metrics import BLEU
 from torch import Tensor
 
-from . import slots as S
-from .closure import PREFIX, SlotClosure, fingerprint
-from .config import DecodingConfig
-from .fast_decoder import cached_slot_states
-from .generator import InsertionGenerator, ModelBackend
+from fairseq_insertion import slots as S
+from fairseq_insertion.closure import PREFIX, SlotClosure, fingerprint
+from fairseq_insertion.config import DecodingConfig
+from fairseq_insertion.fast_decoder import cached_slot_states
+from fairseq_insertion.generator import InsertionGenerator, ModelBackend
 
-logger = logging.getLogger("fairseq_insertion.train_closure")
+logger = logging.getLogger("examples.train_closure")
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)  # the candidate probabilities, lowest first
 
 
@@ -104,7 +104,7 @@ def bleu(task: Any, found: Dict[int, List[int]], dataset: Any, how: str) -> floa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fairseq_insertion.train_closure", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m examples.train_closure", description=__doc__.splitlines()[0])
     p.add_argument("--path", required=True, help="an insertion_transformer checkpoint")
     p.add_argument("--data", required=True, help="its data-bin (train and valid splits)")
     p.add_argument("--out", required=True, help="the checkpoint to write, with the head")
