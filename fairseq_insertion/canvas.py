@@ -31,12 +31,9 @@ def log2_bound(n: int | Tensor) -> int | Tensor:
     return max(int(n), 0).bit_length()
 
 
-# ----------------------------------------------------------------------------
-# Canvas sampling (paper: "Training and Loss Functions")
-# ----------------------------------------------------------------------------
-def sample_canvas(
-    target_lengths: Tensor, max_len: int, order: str, generator: Optional[torch.Generator] = None
-) -> Tensor:
+# -------------------------------- Canvas sampling (paper: "Training and Loss Functions")
+def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
+                  generator: Optional[torch.Generator] = None) -> Tensor:
     """Choose which target positions are already on the canvas.
 
     ``k ~ Uniform{0..n}`` per sentence. ``left_to_right`` keeps the prefix of
@@ -99,9 +96,7 @@ def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional
     return levels < d.unsqueeze(1)
 
 
-# ----------------------------------------------------------------------------
-# Slot spans and weights
-# ----------------------------------------------------------------------------
+# -------------------------------- Slot spans and weights
 def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """For every target position: its slot and the bounds of that slot's span.
 
@@ -120,9 +115,7 @@ def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Te
     return slot, prev_kept + 1, torch.minimum(nxt, big) - 1
 
 
-def slot_weights(
-    span_start: Tensor, span_end: Tensor, order: str, tau: float = 1.0
-) -> Tensor:
+def slot_weights(span_start: Tensor, span_end: Tensor, order: str, tau: float = 1.0) -> Tensor:
     """Per missing token weight w_l(i) within its slot's span.
 
     binary_tree: softmax over the span of -d_l(i)/tau, with
@@ -155,21 +148,10 @@ def _span_sum(x: Tensor, span_start: Tensor, span_end: Tensor) -> Tensor:
     return csum.gather(1, hi) - csum.gather(1, lo)
 
 
-# ----------------------------------------------------------------------------
-# The loss (paper: slot-loss, averaged over slots; termination variants)
-# ----------------------------------------------------------------------------
-def insertion_loss(
-    content_lprobs: Tensor,
-    location_lprobs: Tensor,
-    target: Tensor,
-    target_lengths: Tensor,
-    keep: Tensor,
-    order: str,
-    termination: str,
-    eos: int,
-    tau: float = 1.0,
-    label_smoothing: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
+# -------------------------------- The loss (paper: slot-loss, averaged over slots; termination variants)
+def insertion_loss(content_lprobs: Tensor, location_lprobs: Tensor, target: Tensor, target_lengths: Tensor,
+                   keep: Tensor, order: str, termination: str, eos: int, tau: float = 1.0,
+                   label_smoothing: float = 0.0) -> Tuple[Tensor, Tensor]:
     """Per-sentence insertion loss.
 
     content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l);

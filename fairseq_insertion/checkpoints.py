@@ -27,9 +27,7 @@ logger = logging.getLogger(__name__)
 WARM_START_SLOTS = ("left", "random")
 
 
-# ----------------------------------------------------------------------------
-# Dictionaries
-# ----------------------------------------------------------------------------
+# -------------------------------- Dictionaries
 class DictionaryFiles(NamedTuple):
     """The source and target dictionary files of a data directory (fairseq-preprocess's
     ``dict.<lang>.txt``)."""
@@ -103,9 +101,7 @@ def _load_dictionary(path: str) -> Dictionary:
     return Dictionary.load(path)
 
 
-# ----------------------------------------------------------------------------
-# Any checkpoint file
-# ----------------------------------------------------------------------------
+# -------------------------------- Any checkpoint file
 def check_checkpoint_file(path: str, option: str) -> None:
     """Refuse ``path`` (given by ``option``) unless it is a file in one of torch's save formats (a zip
     archive, or the legacy pickle), with an error naming it and what to do; the content is checked
@@ -129,9 +125,7 @@ def unreadable_checkpoint(path: str, option: str, error: BaseException) -> Value
                       "checkpoint fairseq-train wrote, from a source you trust")
 
 
-# ----------------------------------------------------------------------------
-# A fairseq Transformer checkpoint (the warm-start teacher, the reranker)
-# ----------------------------------------------------------------------------
+# -------------------------------- A fairseq Transformer checkpoint (the warm-start teacher, the reranker)
 def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
     """A fairseq ``transformer`` checkpoint (model weights and ``cfg``), loaded with the safe
     loader; errors name the command-line ``option`` that gave ``path``."""
@@ -152,14 +146,7 @@ def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
     return state
 
 
-def _teacher_state(path: str) -> Dict[str, Tensor]:
-    """The model state dict of a fairseq ``transformer`` checkpoint, loaded with the safe loader."""
-    return transformer_checkpoint(path, "--init-from-transformer")["model"]
-
-
-# ----------------------------------------------------------------------------
-# Warm start from an autoregressive fairseq Transformer (--init-from-transformer)
-# ----------------------------------------------------------------------------
+# -------------------------------- Warm start from an autoregressive fairseq Transformer (--init-from-transformer)
 def _restore_checkpoint(args: Any) -> Optional[str]:
     """The checkpoint fairseq-train will restore after building the model, if one exists.
 
@@ -242,7 +229,7 @@ def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
     """
     if slots not in WARM_START_SLOTS:
         raise ValueError(f"--warm-start-slots must be one of {WARM_START_SLOTS}, got {slots!r}")
-    theirs = _teacher_state(path)
+    theirs = transformer_checkpoint(path, "--init-from-transformer")["model"]
     if dictionaries is not None:
         check_dictionaries(dictionaries, f"--init-from-transformer {path}", weights=theirs)
     own = model.state_dict(keep_vars=True)  # name -> the Parameter / buffer itself (tied: same object)

@@ -59,7 +59,8 @@ def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, l
         except SpecialSymbolError as e:
             raise SpecialSymbolError(f"{line}: {e}") from None
         if unknown:
-            _warn_unknown(line, text, unknown)
+            logger.warning("%s: constraint %r holds %d word(s) not in the target dictionary, read as <unk>: %s",
+                           line, text, len(unknown), " ".join(repr(w) for w in unknown))
         out.append(ids)
     return out
 
@@ -78,24 +79,14 @@ def _refuse_special_symbols(text: str, dictionary, constraint: str) -> None:
                                  f"a constraint is words of the target text (a template gap is {GAP})")
 
 
-def _warn_unknown(line: str, text: str, unknown: List[str]) -> None:
-    logger.warning("%s: constraint %r holds %d word(s) not in the target dictionary, read as <unk>: %s",
-                   line, text, len(unknown), " ".join(repr(w) for w in unknown))
-
-
-def read_constraints_file(path: str) -> List[List[str]]:
-    """One line per test sentence, constraints separated by tabs (an empty line: none); an invalid
-    UTF-8 byte is read as U+FFFD (an unknown word), with a warning naming the file and line."""
-    lines = read_text_lines(path, "--constraints-file")
-    return [[c for c in line.split("\t") if c.strip()] if line.strip() else [] for line in lines]
-
-
 class ConstraintsFile:
-    """``--constraints-file``: the constraints of every sentence id of the test set."""
+    """``--constraints-file``: the constraints of every sentence id of the test set, one line per sentence,
+    separated by tabs (an empty line: none; an invalid UTF-8 byte read as U+FFFD, with a warning)."""
 
     def __init__(self, path: str):
         self.path = path
-        self.lines = read_constraints_file(path)
+        self.lines = [[c for c in line.split("\t") if c.strip()] if line.strip() else []
+                      for line in read_text_lines(path, "--constraints-file")]
 
     def check_sentences(self, num_sentences: Dict[str, int]) -> None:
         """Raise unless one of the loaded test sets (sentences per split) has one sentence per line."""

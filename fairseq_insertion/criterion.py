@@ -21,17 +21,15 @@ class InsertionLossConfig(FairseqDataclass):
         default="binary_tree",
         metadata={"help": "generation order the loss teaches (paper: Left-to-Right, Balanced Binary Tree, Uniform)"},
     )
-    tau: float = field(
-        default=1.0, metadata={"help": "binary tree temperature: weights softmax(-d_l(i)/tau) over each span"}
-    )
+    tau: float = field(default=1.0, metadata={"help": "binary tree temperature: weights softmax(-d_l(i)/tau) over "
+                                                      "each span"})
     termination: ChoiceEnum(list(C.TERMINATIONS)) = field(  # type: ignore[valid-type]
         default="slot",
         metadata={"help": "slot: empty spans target end-of-slot; sequence: empty spans are excluded and a "
                   "complete canvas targets end-of-sequence (paper: Termination)"},
     )
-    label_smoothing: float = field(
-        default=0.0, metadata={"help": "mix this much of a uniform content distribution into each slot's target"}
-    )
+    label_smoothing: float = field(default=0.0, metadata={"help": "mix this much of a uniform content distribution "
+                                                                  "into each slot's target"})
     tree_canvas_prob: float = field(
         default=0.0,
         metadata={"help": "with this probability a sentence's canvas is a state parallel decoding visits (the "
@@ -86,27 +84,16 @@ class InsertionLoss(FairseqCriterion):
         framed = L.frame(TORCH, canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
 
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-        if R > 1:  # one encoder pass over the B sentences, repeated R times inside the model
-            net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)
-        else:
-            net_output = model(src_tokens, src_lengths, framed)
+        net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)  # one encoder pass, R canvases
         content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (R B, K+1, V), (R B, K+1)
-        loss, nll = C.insertion_loss(
-            content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos, self.tau, self.eps
-        )  # (R B,) each
+        loss, nll = C.insertion_loss(content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos,
+                                     self.tau, self.eps)  # (R B,) each
         fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(), torch.ones_like(k, dtype=torch.float))
         if R > 1:  # a sentence's loss is the mean over its R canvases: (R B,) -> (B,)
             loss, nll, fill = (x.view(R, B).mean(0) for x in (loss, nll, fill))
-        nsentences = B
-        logging_output = {
-            "loss": loss.sum().data,
-            "nll_loss": nll.sum().data,
-            "fill": fill.sum().data,
-            "ntokens": sample["ntokens"],
-            "nsentences": nsentences,
-            "sample_size": nsentences,
-        }
-        return (loss.sum() if reduce else loss), nsentences, logging_output
+        logging_output = {"loss": loss.sum().data, "nll_loss": nll.sum().data, "fill": fill.sum().data,
+                          "ntokens": sample["ntokens"], "nsentences": B, "sample_size": B}
+        return (loss.sum() if reduce else loss), B, logging_output
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:

@@ -152,18 +152,9 @@ def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optiona
     return record.under(model_dir)
 
 
-def check_scorer(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
-    """``scorer``: the scorer graph's file (none when the key is absent), there and not empty."""
-    return _optional_file(settings, model_dir, "scorer", SCORER)
-
-
-def check_shortlist(settings: Mapping[str, Any], model_dir: Path) -> Optional[Path]:
-    """``shortlist``: the shortlist table's file (none when the key is absent), there and not empty."""
-    return _optional_file(settings, model_dir, "shortlist", SHORTLIST)
-
-
-def _optional_file(settings: Mapping[str, Any], model_dir: Path, key: str, expected: str) -> Optional[Path]:
-    """The file settings' ``key`` names (``expected``; none when the key is absent), there and not empty."""
+def optional_file(settings: Mapping[str, Any], model_dir: Path, key: str, expected: str) -> Optional[Path]:
+    """The file settings' ``key`` names (``scorer``: :data:`SCORER`, ``shortlist``: :data:`SHORTLIST`; none when the
+    key is absent), there and not empty."""
     name = settings.get(key)
     if name is None:
         return None

@@ -22,9 +22,7 @@ from omegaconf import OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
 
-# ----------------------------------------------------------------------------
-# The tail batch
-# ----------------------------------------------------------------------------
+# -------------------------------- The tail batch
 def keep_remainder_batch(dataset: FairseqDataset) -> None:
     """Make ``dataset.batch_by_size`` keep every sentence.
 
@@ -51,9 +49,7 @@ def keep_remainder_batch(dataset: FairseqDataset) -> None:
     dataset.batch_by_size = batch_all
 
 
-# ----------------------------------------------------------------------------
-# UTF-8 input
-# ----------------------------------------------------------------------------
+# -------------------------------- UTF-8 input
 def tolerate_invalid_utf8_stdin() -> None:
     """fairseq-interactive decodes standard input strictly: one invalid UTF-8
     byte would end the run. Replace such bytes with U+FFFD instead; the word
@@ -214,9 +210,7 @@ def read_text_lines(path: str, option: str) -> List[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------
-# Errors on fairseq's command lines
-# ----------------------------------------------------------------------------
+# -------------------------------- Errors on fairseq's command lines
 def command_line_program() -> Optional[str]:
     """The program's name as argparse shows it (``fairseq-interactive``), when this process is one of
     fairseq's command lines (a ``fairseq-*`` script, or ``python -m fairseq_cli.<command>``); None in
@@ -266,9 +260,7 @@ def fairseq_option_check(exc: BaseException, tb: Any) -> bool:
                                                                                             "interactive.py")
 
 
-# ----------------------------------------------------------------------------
-# Checkpoint copies
-# ----------------------------------------------------------------------------
+# -------------------------------- Checkpoint copies
 def atomic_checkpoint_copies() -> None:
     """Make fairseq's checkpoint copies (``checkpoint_utils.save_checkpoint``: the newest checkpoint copied to
     ``checkpoint_last.pt`` and the others its conditions name) atomic for local files: written beside the target
@@ -292,9 +284,7 @@ def atomic_checkpoint_copies() -> None:
     checkpoint_utils.PathManager = type("AtomicCopies", (manager,), {"copy": staticmethod(atomic_copy)})
 
 
-# ----------------------------------------------------------------------------
-# Over-long lines in the hub
-# ----------------------------------------------------------------------------
+# -------------------------------- Over-long lines in the hub
 def skipped_inputs(sizes: Sequence[int], max_positions: Any) -> List[int]:
     """The inputs (source ``sizes``, eos included) that fairseq's batching skips as too long for
     ``max_positions`` (an int, or a (source, target) pair: an inference dataset has no targets), in
@@ -313,21 +303,14 @@ def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) 
     return [empty if i in gone else next(it) for i in range(n)]
 
 
-# ----------------------------------------------------------------------------
-# Archives
-# ----------------------------------------------------------------------------
-def is_archive(path: str) -> bool:
-    """fairseq's ``from_pretrained`` takes any file (not a folder) as an archive to extract."""
-    return os.path.isfile(path)
-
-
+# -------------------------------- Archives
 def local_model_dir(model_name_or_path: str) -> str:
     """What to give fairseq's ``from_pretrained``: a folder as it is, an archive file
     extracted safely into a new folder (:func:`safe_extract`; the archive is left as it
     was). fairseq itself would extract it with no member filter, next to the archive,
     and replace the archive by a folder of the same name."""
     path = str(model_name_or_path)
-    if not is_archive(path):
+    if not os.path.isfile(path):  # fairseq's from_pretrained takes any file as an archive
         return path
     dest = tempfile.mkdtemp(prefix="fairseq_insertion_model_")
     safe_extract(path, dest)

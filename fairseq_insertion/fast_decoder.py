@@ -30,17 +30,12 @@ from .weights import (
 
 
 class FusedProjections(NamedTuple):
-    """The decoder's attention projections fused for inference (:func:`fused_projections`), read from
-    :mod:`fairseq_insertion.weights`.
-
-    ``self_attention``: per layer, the self-attention's q, k and v projections as one
-    (:func:`~fairseq_insertion.weights.self_attention_qkv`: weight (3C, C), bias (3C,) or None); the query
-    scaling stays in the attention call (``scaled_dot_product_attention`` applies it inside its kernel, and
-    folded into the q rows it would round q differently wherever it is not a power of two);
-    ``encoder_attention``: every layer's encoder-attention k and v projections as one
-    (:func:`~fairseq_insertion.weights.encoder_keys_values`: weight (L 2C, C_enc), rows k_0, v_0, k_1, ...);
-    ``source``: the parameters they were made from, each with its data pointer, version counter, dtype and
-    device then, to see a change (:meth:`fits`).
+    """The decoder's attention projections fused for inference (:func:`fused_projections`): ``self_attention``, per
+    layer q, k and v as one (:func:`~fairseq_insertion.weights.self_attention_qkv`; the query scaling stays in the
+    attention call: folded into the q rows it would round q differently where it is not a power of two);
+    ``encoder_attention``, every layer's encoder-attention k and v as one
+    (:func:`~fairseq_insertion.weights.encoder_keys_values`); ``source``, the parameters they were made from, to see
+    a change (:meth:`fits`).
     """
 
     self_attention: List[Projection]

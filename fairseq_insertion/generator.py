@@ -130,7 +130,7 @@ class InsertionGenerator:
         init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
         backend = self.backend(model, src_tokens, src_lengths)
         edges = self.word_edges.to(src_tokens.device)
-        options = L.DecodeOptions(cfg, _termination(model), self.bos, self.eos, self.pad, self.tgt_dict.unk(),
+        options = L.DecodeOptions(cfg, model.termination, self.bos, self.eos, self.pad, self.tgt_dict.unk(),
                                   edges.joins_next if edges.active else None)
         unordered = cfg.constraint_order == "unordered" and constraints is not None
         shortlist = None if self.shortlist is None else torch.from_numpy(S.shortlist_rows(
@@ -242,15 +242,8 @@ class InsertionGenerator:
         tokens = torch.cat([canvas[:n], canvas.new_tensor([self.eos])])
         positional = torch.cat([scores[:n].float(), scores.new_tensor([float(eos_score)]).float()])
         log_prob = positional.sum()
-        return {
-            "tokens": tokens,
-            "score": L.candidate_scores(log_prob, n, self.config.lenpen),
-            "log_prob": log_prob,
-            "positional_scores": positional,
-            "steps": int(steps),
-            "attention": None,
-            "alignment": None,
-        }
+        return {"tokens": tokens, "score": L.candidate_scores(log_prob, n, self.config.lenpen), "log_prob": log_prob,
+                "positional_scores": positional, "steps": int(steps), "attention": None, "alignment": None}
 
     def summary(self) -> str:
         return _summary(self.config.decoding, self.stats)
@@ -270,11 +263,6 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
 def _log_summary(decoding: str, stats: Dict[str, int]) -> None:
     if stats["sentences"]:
         logger.info(_summary(decoding, stats))
-
-
-def _termination(model) -> str:
-    """How the model was trained to stop: ``slot`` or ``sequence`` finalization."""
-    return model.termination
 
 
 def _reorder_constraints(init: L.Start, hyp: Tensor, hyp_lengths: Tensor) -> L.Start:

@@ -385,9 +385,7 @@ class InsertionTransformerModel(TransformerModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
-# ----------------------------------------------------------------------------
-# Architectures
-# ----------------------------------------------------------------------------
+# -------------------------------- Architectures
 def _defaults(args, **values) -> None:
     for key, value in values.items():
         if getattr(args, key, None) is None:
@@ -406,29 +404,23 @@ def base_architecture(args) -> None:
 @register_model_architecture(MODEL_NAME, "insertion_transformer_big")
 def big_architecture(args) -> None:
     """transformer_big sizes: 6+6 layers, 1024, 16 heads, FFN 4096, dropout 0.3."""
-    _defaults(
-        args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16,
-        decoder_embed_dim=1024, decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3,
-    )
+    _defaults(args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16,
+              decoder_embed_dim=1024, decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3)
     base_architecture(args)
 
 
 @register_model_architecture(MODEL_NAME, "insertion_transformer_small")
 def small_architecture(args) -> None:
     """3+3 layers, 256, 4 heads, FFN 1024 (the Multi30k recipe's size)."""
-    _defaults(
-        args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, encoder_ffn_embed_dim=1024,
-        encoder_attention_heads=4, decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4,
-    )
+    _defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, encoder_ffn_embed_dim=1024,
+              encoder_attention_heads=4, decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_attention_heads=4)
     base_architecture(args)
 
 
 @register_model_architecture(MODEL_NAME, "insertion_transformer_tiny")
 def tiny_architecture(args) -> None:
     """2+2 layers, 64, 4 heads, FFN 256: for tests."""
-    _defaults(
-        args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256,
-        encoder_attention_heads=4, decoder_embed_dim=64, decoder_ffn_embed_dim=256, decoder_attention_heads=4,
-        dropout=0.0,
-    )
+    _defaults(args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256,
+              encoder_attention_heads=4, decoder_embed_dim=64, decoder_ffn_embed_dim=256, decoder_attention_heads=4,
+              dropout=0.0)
     base_architecture(args)

@@ -134,13 +134,8 @@ def _live(nodes: List["onnx.NodeProto"], outputs: set) -> List["onnx.NodeProto"]
 
 def _subgraph_reads(nodes) -> set:
     """The names the graphs nested in ``nodes`` read (a subgraph reads the outer graph's values by name)."""
-    names = set()
-    for node in nodes:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                for graph in graphs(attribute.g):
-                    names.update(name for inner in graph.node for name in inner.input)
-    return names
+    return {name for node in nodes for a in node.attribute if a.type == onnx.AttributeProto.GRAPH
+            for graph in graphs(a.g) for inner in graph.node for name in inner.input}
 
 
 def graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:

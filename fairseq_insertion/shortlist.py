@@ -187,15 +187,11 @@ def build(data: Path, frequent: int = 200, translations: int = 50, split: str = 
     return build_from(open_data(Path(data), source_lang, target_lang), frequent, translations, split)
 
 
-def specials(dictionary: Dictionary) -> Tuple[int, int, int, int]:
-    """The ids every list holds (and those below them): bos, pad, eos and unk."""
-    return dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()
-
-
 def coverage_of(table: Shortlist, d: DataBin, split: str) -> Coverage:
     """How ``table`` covers ``split``'s references: each sentence's list from its source (no constraints)."""
     src, tgt = read_split(d, split)
-    held, V, B = specials(d.target), table.target_vocab, len(src.lengths)
+    held = (d.target.bos(), d.target.pad(), d.target.eos(), d.target.unk())  # every list holds them
+    V, B = table.target_vocab, len(src.lengths)
     s_sent, t_sent = src.sentence, tgt.sentence  # (Ns,), (Nt,)
     width = int(src.lengths.max()) if B else 0
     padded = np.full((B, width), d.source.pad(), dtype=np.int64)  # (B, S) right-padded sources

@@ -111,7 +111,9 @@ def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tupl
     eos, ids = rule.eos, None
     if inputs.shortlist is not None:
         ids = inputs.shortlist[inputs.slot_rows]  # (N, L) V where padded
-        content = _pad_column(content).gather(1, ids)  # (N, L) -inf where padded
+        padded = content.new_full((content.shape[0], content.shape[1] + 1), NEG_INF)  # (N, V + 1): id V the padding
+        padded[:, :-1] = content
+        content = padded.gather(1, ids)  # (N, L) -inf where padded
     lse = content.logsumexp(-1, keepdim=True)  # (N, 1) log-normaliser
     eos_log_probs = content[:, eos:eos + 1] - lse  # (N, 1)
     if inputs.blocked is not None:
@@ -132,13 +134,6 @@ def choose(rule: SlotRule, content: Any, inputs: SlotInputs, k: int = 1) -> Tupl
     if ids is not None:
         tokens = ids.gather(1, tokens)
     return tokens.masked_fill(stuck, eos), best - lse, eos_log_probs
-
-
-def _pad_column(content: Any) -> Any:
-    """(N, V + 1) ``content`` (N, V) with a -inf column: the score of a shortlist's padding id V."""
-    out = content.new_full((content.shape[0], content.shape[1] + 1), NEG_INF)
-    out[:, :-1] = content
-    return out
 
 
 def _padded(excluded: np.ndarray) -> np.ndarray:

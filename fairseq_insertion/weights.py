@@ -1,14 +1,7 @@
-"""The insertion decoder's weights as inference reads them, taken from fairseq's modules in one place.
-
-* :func:`self_attention_qkv`: a self-attention's query, key and value projections as one;
-* :func:`encoder_keys_values`: every decoder layer's encoder-attention key and value projections as one
-  (the encoder's keys and values of all layers in one product);
-* :func:`slot_head`: the slot head (adjacent final states -> slot states -> location and content scores);
-* :func:`blocks` and :func:`residual`: a Transformer layer as both paths run it, its residual blocks in order.
-
-The cached torch path (:mod:`fairseq_insertion.fast_decoder`, the model's decoding) and the ONNX graph
-builders (:mod:`fairseq_insertion.export`) both read them from here. Torch only: no fairseq import, the
-modules are read by their attributes (``q_proj``, ``k_proj``, ``v_proj``, ``encoder_attn``, ...).
+"""The insertion decoder's weights as inference reads them, taken from fairseq's modules in one place: the
+fused attention projections, the slot head and a Transformer layer's residual blocks. The cached torch path
+(:mod:`fairseq_insertion.fast_decoder`) and the ONNX graph builders (:mod:`fairseq_insertion.export`) both read
+them from here. Torch only: no fairseq import, the modules are read by their attributes (``q_proj``, ...).
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 from torch import nn
 
-from ..export_format import (
-    source_names,
-)
+from ..export_format import source_names
 from ..loop import FEEDS, word_edge_table
 from ..slots import SlotRule, choose_graph, closing_graph, closing_outputs
 from ..weights import Projection, SlotHeadWeights, blocks, encoder_keys_values, residual, self_attention_qkv, slot_head

@@ -11,11 +11,7 @@ from typing import Sequence
 import onnx
 from onnx import TensorProto
 
-from ..export_format import (
-    ENCODER,
-    PASS,
-    QUANTIZATIONS,
-)
+from ..export_format import ENCODER, PASS, QUANTIZATIONS
 from ..quantization import graphs, per_row
 from .graph import ExportError
 

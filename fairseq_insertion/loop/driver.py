@@ -80,22 +80,6 @@ class Pass(NamedTuple):
 Record = Callable[[Canvases, Array], None]
 
 
-def starting(xp: Ops, state: Canvases) -> Tuple[Array, Array]:
-    """Where the loop starts: (A,) the rows that take a first pass (below their length limit, with an open slot),
-    and (A,) the room of each, the most tokens it may still take (their largest is the iteration bound where
-    ``max_iterations`` is 0)."""
-    start = (state.max_len > state.lengths) & open_slots(xp, state, state.tokens.shape[1] + 1).any(1)
-    return start, (state.max_len - state.lengths).clip(min=0)
-
-
-def predict_and_step(backend: Backend, bounds: Bounds, state: Canvases, memory: Any, max_iter: int) -> Pass:
-    """One pass: the backend's prediction for the open slots, the step rule's insertions and :func:`step`."""
-    scores = predict(backend, state, memory, bounds)
-    room = state.max_len - state.lengths  # (A,)
-    choice = bounds.rule(scores, room.clip(max=bounds.max_per_pass) if bounds.max_per_pass else room)
-    return step(backend.xp, state, scores, choice, max_iter, bounds)
-
-
 def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
         ) -> Tuple[Canvases, int]:
     """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
@@ -104,7 +88,8 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     row, in batch order, and the number of forward passes."""
     xp = backend.xp
     B, K = state.tokens.shape
-    start, rooms = starting(xp, state)  # (B,) each
+    start = (state.max_len > state.lengths) & open_slots(xp, state, K + 1).any(1)  # (B,) rows taking a first pass
+    rooms = (state.max_len - state.lengths).clip(min=0)  # (B,) tokens each may still take
     width, room, n_active, started_width = xp.host(
         state.max_len.max(), rooms.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
     out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
@@ -114,7 +99,10 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
-        after = predict_and_step(backend, bounds, state, memory, max_iter)
+        scores = predict(backend, state, memory, bounds)
+        left = state.max_len - state.lengths  # (A,)
+        choice = bounds.rule(scores, left.clip(max=bounds.max_per_pass) if bounds.max_per_pass else left)
+        after = step(xp, state, scores, choice, max_iter, bounds)
         passes += 1
         if record is not None:
             record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
@@ -187,12 +175,6 @@ def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int
     return xp.where(columns < lengths[:, None], target, xp.where(columns == lengths[:, None], eos, pad))
 
 
-def best_first(xp: Ops, scores: Array, n: int) -> Array:
-    """(B, n) each sentence's ``n`` candidates (rows b n ... b n + n - 1 of ``scores`` (B n,)), the best first;
-    ties keep the row order (the lower EOS penalty's index first)."""
-    return xp.argsort(scores.reshape(-1, n), descending=True)
-
-
 class Decoded(NamedTuple):
     """Every candidate of a batch's decode: rows (b K + j) n / K + c (:func:`candidate_rows`)."""
 
@@ -248,8 +230,8 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     teacher = backend.score_candidates(out.tokens, out.lengths, n) if n > 1 else None
     score = candidate_scores(log_prob, xp.cast(out.lengths, like=log_prob), config.lenpen, teacher,
                              config.rerank_weight)  # (B n,)
-    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=best_first(xp, score, n),
-                   passes=passes + more)
+    order = xp.argsort(score.reshape(-1, n), descending=True)  # (B, n) the best first; ties: the lower EOS penalty
+    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=order, passes=passes + more)
 
 
 def new_stats() -> Dict[str, int]:

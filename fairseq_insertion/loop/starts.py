@@ -90,8 +90,6 @@ def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
                  segment=xp.gather(segment, keep_pos))
 
 
-
-
 def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
     """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
     insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,

@@ -54,14 +54,11 @@ class Canvases(NamedTuple):
         W, r = done.tokens.shape[1], done.rows
         self.tokens[r, :W] = done.tokens
         self.scores[r, :W] = done.scores
-        self.lengths[r] = done.lengths
-        self.iterations[r] = done.iterations
-        self.final_eos[r] = done.final_eos
+        for name in ("lengths", "iterations", "final_eos"):
+            getattr(self, name)[r] = getattr(done, name)
 
 
 _ROW_FIELDS = tuple(f for f in Canvases._fields if f != "history")
-
-
 _TOKEN_FIELDS = ("tokens", "scores", "closed_before", "given")
 
 

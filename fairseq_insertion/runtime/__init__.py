@@ -40,7 +40,7 @@ from ..preprocess import (
 )
 from ..slots import Shortlist, shortlist_rows
 from .backend import UNFUSED, Constants, OnnxBackend, Source, session
-from .inputs import check, check_lines, check_providers, check_rows, check_source, check_tokens, count
+from .inputs import check_lines, check_providers, check_rows, check_source, check_tokens, count
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ class Translator:
         self.preprocessing = F.check_preprocessing(self.settings, self.model_dir)
         """How raw text was prepared for the model (the export's record), or None."""
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
-        scorer = F.check_scorer(self.settings, self.model_dir)
-        shortlist = F.check_shortlist(self.settings, self.model_dir)
+        scorer = F.optional_file(self.settings, self.model_dir, "scorer", F.SCORER)
+        shortlist = F.optional_file(self.settings, self.model_dir, "shortlist", F.SHORTLIST)
         extra = (scorer, codes, shortlist)
         F.check_digests(self.model_dir, self.settings, [Path(p).name for p in extra if p is not None])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
@@ -105,12 +105,9 @@ class Translator:
         self.src_eos, self.src_pad, self.src_unk = m["source"]["eos"], m["source"]["pad"], m["source"]["unk"]
         self.termination = m["termination"]
         self.max_source_positions, self.max_target_positions = m["max_source_positions"], m["max_target_positions"]
-        self.source_index: Dict[str, int] = {}
-        for i, s in enumerate(self.source_symbols):
-            self.source_index.setdefault(s, i)
-        self.target_index: Dict[str, int] = {}
-        for i, s in enumerate(self.target_symbols):
-            self.target_index.setdefault(s, i)
+        # a symbol's first id wins
+        self.source_index = {s: i for i, s in reversed(list(enumerate(self.source_symbols)))}
+        self.target_index = {s: i for i, s in reversed(list(enumerate(self.target_symbols)))}
         # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
@@ -216,7 +213,7 @@ class Translator:
         unknown = sorted(set(options) - set(RUNTIME_OPTIONS))
         if unknown:
             raise TypeError(f"unknown option(s) {unknown}; the runtime's options are {list(RUNTIME_OPTIONS)}")
-        return check({**self.defaults, **options})
+        return DecodingConfig(**{**self.defaults, **options})  # a DecodingError names the option
 
     def encode(self, tokens: Sequence[str]) -> np.ndarray:
         """Source token ids with the end-of-sentence marker (unknown pieces: unk), as fairseq encodes a line."""

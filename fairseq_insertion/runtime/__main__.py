@@ -21,7 +21,7 @@ import itertools
 import logging
 import os
 import sys
-from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -34,16 +34,12 @@ logger = logging.getLogger("fairseq_insertion.runtime")
 PROG = "python -m fairseq_insertion.runtime"
 
 
-Encode = Callable[[str], List[str]]
-Decode = Callable[[List[str]], str]
-
-
 class Text(NamedTuple):
     """How a line's source and constraints become pieces, and target pieces an output line."""
 
-    encode: Encode
-    decode: Decode
-    constraint: Encode
+    encode: Callable[[str], List[str]]
+    decode: Callable[[List[str]], str]
+    constraint: Callable[[str], List[str]]
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -89,17 +85,12 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
     opts = translator.options(**options)
     text = text_pipeline(args, translator)
     name = "standard input" if args.input == "-" else args.input
-    with open_input(args.input) as stream:
+    with contextlib.nullcontext(sys.stdin.buffer) if args.input == "-" else open(args.input, "rb") as stream:
         for first, lines in batches(read_lines(stream, name), args.batch_size):
             out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name, text,
                                                                      args.constraints)))
             out.flush()
     return 0
-
-
-def open_input(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
-    """The input's bytes: standard input (left open) or the file."""
-    return contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")
 
 
 def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[str], first: int, name: str,
@@ -153,13 +144,6 @@ def utf8(stream: TextIO) -> None:
         stream.reconfigure(encoding="utf-8", errors="backslashreplace" if stream is sys.stderr else "strict")
 
 
-def quiet_stdout() -> None:
-    """The reader of standard output went away: send what is left to os.devnull, so that Python's
-    flush at exit raises nothing (Python's documented recipe for SIGPIPE)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line: ``PROG translate: error: ...``, exit status 2."""
 
@@ -204,8 +188,8 @@ def run(args: argparse.Namespace) -> Optional[str]:
     """Translate; what stopped it, if anything (a closed output is no error)."""
     try:
         translate(args, sys.stdout)
-    except BrokenPipeError:
-        quiet_stdout()
+    except BrokenPipeError:  # the reader went away: the rest to os.devnull, so that Python's flush at exit raises
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing (Python's recipe for SIGPIPE)
     except DecodingError as exc:
         return exc.command_line()
     except (TranslatorError, P.PreprocessError) as exc:

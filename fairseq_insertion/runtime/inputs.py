@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from ..config import DecodingConfig
 from ..export_format import TranslatorError
 
 
@@ -77,7 +76,3 @@ def token_problem(token: Any) -> str:
         return f"a token with whitespace {token[:40]!r} (one subword piece per token)"
     return ""
 
-
-def check(values: Dict[str, Any]) -> DecodingConfig:
-    """The options, checked by DecodingConfig (a DecodingError names the option and the value)."""
-    return DecodingConfig(**values)
