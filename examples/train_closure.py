@@ -8,12 +8,14 @@ given) and every pass's open slots that may close are kept: their states and whe
 head learns that decision (logistic loss, Adam). Its threshold: the valid split decoded without the head, then
 with it at each candidate probability, lowest first: the first whose BLEU (the data-bin's references,
 ``--post-process``'d, tokenised BLEU) is within 0.1 of the plain decode's and whose outputs equal it on at least
-97% of sentences. NEW.pt is the checkpoint with the head, decoded with it wherever it is loaded.
+97% of sentences. NEW.pt is the checkpoint with the head, decoded with it wherever it is loaded; ``--summary``
+writes what was measured as JSON. Exit status 3: no threshold qualified (nothing written but the summary).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import sys
@@ -114,6 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--sentences", type=int, default=4000, help="training lines decoded (default 4000)")
     p.add_argument("--post-process", default="subword_nmt", help="how valid's pieces become words for BLEU")
     p.add_argument("--threshold", type=float, help="this probability instead of the one chosen on valid")
+    p.add_argument("--summary", help="a JSON file for the measurements (the valid sweep, the threshold)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s", stream=sys.stderr)
     state = checkpoint_utils.load_checkpoint_to_cpu(args.path, {"data": args.data})
@@ -133,6 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     states = torch.cat([r[0] for r in recorder.records])  # (M, C)
     closes = torch.cat([r[1] for r in recorder.records])  # (M,)
     logger.info(f"{len(states)} slots of {len(lines)} sentences, {float(closes.float().mean()):.3f} closed")
+    summary = {"training_sentences": len(lines), "training_slots": len(states),
+               "closed_share": round(float(closes.float().mean()), 4), "sweep": []}
     head = train_head(states, closes)
     head.eos_penalty.fill_(args.eos_penalty)
     head.body.copy_(fingerprint(model.state_dict()))
@@ -141,6 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    valid, range(len(valid)))
     base = bleu(task, plain, valid, args.post_process)
     logger.info(f"valid without the head: BLEU {base:.2f}")
+    summary["valid_bleu_plain"] = round(base, 2)
     model.decoder.closure = head
     chosen = None
     for probability in THRESHOLDS if args.threshold is None else (args.threshold,):
@@ -151,11 +157,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = generator.stats["vocabulary_rows"] / max(generator.stats["tokens"], 1)
         logger.info(f"threshold {probability}: BLEU {score:.2f}, outputs equal {same:.4f}, vocabulary rows per "
                     f"output token {rows:.2f}")
+        summary["sweep"].append({"threshold": probability, "valid_bleu": round(score, 2),
+                                 "outputs_equal": round(same, 4), "vocabulary_rows_per_token": round(rows, 3)})
         if args.threshold is not None or (score >= base - 0.1 and same >= 0.97):
             chosen = probability
             break
+    summary["threshold"] = chosen
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f, indent=1)
     if chosen is None:
-        raise SystemExit(f"{args.path}: no threshold keeps valid within 0.1 BLEU; the head was not written")
+        logger.error(f"{args.path}: no threshold keeps valid within 0.1 BLEU and 97% of its outputs; no head written")
+        return 3
     saved = torch.load(args.path, map_location="cpu", weights_only=True)  # as fairseq saved it (cfg a dict)
     saved["model"] = {**{k: v for k, v in saved["model"].items() if not k.startswith(PREFIX)},
                       **{PREFIX + k: v for k, v in head.state_dict().items()}}

@@ -55,9 +55,13 @@ def test_every_step_runs_and_the_report_has_its_fields(first_run):
     assert "--end-learning-rate 0" in trainings[1]["command"]  # the teacher annealed
     assert "--init-from-transformer" in trainings[2]["command"] and "--seed 15" in trainings[3]["command"]
     assert report["export"]["check_lines"] == 5 and report["export"]["first_translation"].strip()
+    closure = report["closure"]  # the slot-closure head: kept, or the model exported without one
+    assert "examples.train_closure" in closure["command"] and closure["sweep"] and closure["training_slots"] > 0
+    assert report["export"]["path"] == closure["checkpoint"] and closure["kept"] == (closure["threshold"] is not None)
     assert (out / "export").is_dir() and any((out / "export").iterdir())
     md = (out / "report.md").read_text()
     assert "seconds per update" in md and "fairseq-train" in md and "teacher, beam 5" in md
+    assert "Slot-closure head" in md
     assert "report:" in done.stdout
 
 
@@ -71,7 +75,8 @@ def test_a_run_started_again_keeps_the_finished_steps(first_run):
         (out / name).unlink()
     again = recipe(out, "--stages", "2", "--seeds", "13", "15")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[1/5] data: done before" in again.stderr and "[2/5] teacher: done before" in again.stderr
+    assert "[1/6] data: done before" in again.stderr and "[2/6] teacher: done before" in again.stderr
+    assert "[4/6] closure: running" in again.stderr  # the last stage was trained again: so is its head
     for path, mtime in kept.items():
         assert path.stat().st_mtime_ns == mtime, f"{path} was made again"
     assert (out / "insertion" / "continue1" / "train.json").is_file() and (out / "report.json").is_file()
