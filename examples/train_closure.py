@@ -47,7 +47,7 @@ class RecordingBackend(ModelBackend):
 
     def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int) -> Any:
         choice = super().score_slots(cache, framed, open_, inputs, k)
-        may = S.may_close(inputs, open_, torch.tensor(inputs.eos_penalty, dtype=torch.float32), k)  # one beta
+        may = S.may_close(inputs, open_, float(inputs.eos_penalty), k)  # decoded at one beta
         if may is not None:
             H = cached_slot_states(self.model.decoder, framed, cache)[open_]  # (N, C)
             self.records.append((H[may].float(), choice.tokens[may, 0] == self.eos))

@@ -48,13 +48,13 @@ class ModelBackend:
     eos: int
     pad: int
     stats: Dict[str, int]  # its count of vocabulary rows scored ("vocabulary_rows")
+    closure_beta: Optional[float] = None  # the EOS penalty of the model's slot-closure head; None: it has none
     xp: Any = TORCH
 
     def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int) -> L.SlotChoice:
         """Only the open slots are projected onto the vocabulary, and only the log-normaliser (logsumexp) of each
         is computed: no (A, S, V) log-softmax."""
-        closure = getattr(self.model.decoder, "closure", None)  # the optional slot-closure head
-        may = None if closure is None else S.may_close(inputs, open_, closure.eos_penalty, k)  # (N,)
+        may = None if self.closure_beta is None else S.may_close(inputs, open_, self.closure_beta, k)  # (N,)
         p = self.model.decode_slots(framed, cache, open_, may)  # (N', V), (A, S)
         self.stats["vocabulary_rows"] += p.content.shape[0]
         if p.closed is None:
@@ -144,7 +144,9 @@ class InsertionGenerator:
 
     def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
         """The loop's backend for a batch of these sources."""
-        return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats)
+        closure = getattr(model.decoder, "closure", None)  # the optional slot-closure head
+        return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
+                            None if closure is None else float(closure.eos_penalty))
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
         """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or

@@ -222,14 +222,13 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
 
 # The slot-closure head (fairseq_insertion.closure): a slot it closes takes end-of-slot without the vocabulary.
 
-def may_close(inputs: SlotInputs, open_: Any, beta: Any, k: int) -> Optional[Any]:
+def may_close(inputs: SlotInputs, open_: Any, beta: float, k: int) -> Optional[Any]:
     """On torch: (N,) the open slots (``open_`` (A, S)) the closure head may close: those decoded at its EOS penalty
-    ``beta`` (a 0-d tensor) that may end; None for the k-best first insertions (which may not end either)."""
+    ``beta`` (compared in float32) that may end; None for the k-best first insertions (which may not end either)."""
     if k > 1:
         return None
-    may = open_[open_]  # (N,) True
-    penalty = inputs.eos_penalty
-    may = may & (penalty == beta) if hasattr(penalty, "shape") else may & bool(np.float32(penalty) == beta.item())
+    may, penalty, beta = open_[open_], inputs.eos_penalty, np.float32(beta)  # (N,) True
+    may = may & (penalty == float(beta)) if hasattr(penalty, "shape") else may & bool(np.float32(penalty) == beta)
     return may if inputs.no_end is None else may & ~inputs.no_end.reshape(-1)
 
 
