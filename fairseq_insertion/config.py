@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-PRECISIONS = ("fp32", "bf16", "int8")  # --decode-precision's; an export's are fp32 and int8 (export_format.py)
+PRECISIONS = ("fp32", "bf16", "int8")  # --decode-precision's; an export's graphs: export_format.EXPORTED
 # how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
 TERMINATIONS = ("slot", "sequence")
 
