@@ -117,11 +117,13 @@ def test_passes_run_in_two_width_groups_give_the_generators_hypotheses(request, 
 
 @pytest.mark.parametrize("lengths, groups", [
     ([5], [(0, 1)]), ([4, 4, 4], [(0, 3)]), ([9, 9, 8, 2, 2, 1], [(0, 3), (3, 6)]),
-    ([9, 2, 2, 2, 2, 2, 2, 2], [(0, 1), (1, 8)]), ([7, 6, 6, 5], [(0, 4)]), ([3, 9, 1, 1], [(0, 2), (2, 4)])])
-def test_width_groups_split_where_the_positions_are_fewest(lengths, groups):
-    """Contiguous groups covering every row; two where the split saves at least GROUPED of the positions: a
-    canvas of 9 among 1s and 2s goes apart, lengths close together stay one group; rows out of order count at
-    their group's widest."""
+    ([9, 2, 2, 2, 2, 2, 2, 2], [(0, 1), (1, 8)]), ([7, 6, 6, 5], [(0, 4)]), ([3, 9, 1, 1], [(0, 1), (1, 2), (2, 4)]),
+    ([30, 20, 20, 10, 10, 10, 2, 2, 2, 2], [(0, 1), (1, 3), (3, 6), (6, 10)])])
+def test_width_groups_split_where_the_positions_are_fewest(lengths, groups, monkeypatch):
+    """Contiguous groups covering every row, each split in two where that saves at least GROUPED of its positions: a
+    canvas of 9 among 1s and 2s goes apart, lengths close together stay one group, several steps of lengths give
+    several groups; rows out of order count at their group's widest (GROUPED 0.1)."""
+    monkeypatch.setattr(RT, "GROUPED", 0.1)
     got = RT.width_groups(np.asarray(lengths))
     assert [(g.start, g.stop) for g in got] == groups
 

@@ -13,9 +13,10 @@ from .. import loop as L
 from ..export_format import TranslatorError
 from ..loop.rules import FEEDS, fed
 
-GROUPED = 0.1
-"""A pass runs its longer and its shorter canvases apart (two runs of the pass graph) where that drops at least
-this share of the canvas positions the decoder would run (the padding of the shorter ones)."""
+GROUPED = 0.02
+"""A group of a pass's canvases runs its longer and its shorter ones apart (one more run of the pass graph) where
+that drops at least this share of the group's canvas positions (the padding of the shorter ones); measured on
+Multi30k at batch 128: 0.02 about 2% faster than 0.1, 5.6% fewer positions for 2.6x the runs."""
 
 
 UNFUSED = ("SkipLayerNormFusion",)
@@ -127,13 +128,14 @@ class OnnxBackend:
         return log_probs[same.reshape(-1)]
 
 
-def width_groups(lengths: np.ndarray) -> List[slice]:
+def width_groups(lengths: np.ndarray, start: int = 0) -> List[slice]:
     """The rows of a pass, canvas ``lengths`` (A,) longest first (:func:`fairseq_insertion.loop.run` keeps them so
-    as sentences finish), as one group or two contiguous ones: two, split where the decoder's positions (each group
-    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of the one group's."""
+    as sentences finish), as contiguous groups: a group is split in two where the decoder's positions (each group
+    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of its own, and so on in each part
+    (``start``: the first row's index)."""
     A = len(lengths)
     if A < 2:
-        return [slice(0, A)]
+        return [slice(start, start + A)]
     head = np.maximum.accumulate(lengths)  # (A,) the longest of rows 0..i
     tail = np.maximum.accumulate(lengths[::-1])[::-1]  # (A,) the longest of rows i..A-1
     at = np.arange(1, A)  # a split before row i
@@ -141,8 +143,8 @@ def width_groups(lengths: np.ndarray) -> List[slice]:
     i = int(cost.argmin())
     whole = A * (int(head[-1]) + 2)
     if whole - int(cost[i]) < GROUPED * whole:
-        return [slice(0, A)]
-    return [slice(0, i + 1), slice(i + 1, A)]
+        return [slice(start, start + A)]
+    return width_groups(lengths[:i + 1], start) + width_groups(lengths[i + 1:], start + i + 1)
 
 
 def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs:
