@@ -262,16 +262,18 @@ def preprocess_command(destdir: Path, source_lang: str = "src", target_lang: str
             "--destdir", str(destdir), *(["--joined-dictionary"] if joined else []), "--workers", str(workers)]
 
 
-def run(cmd: Sequence[str], log: Path, stdout: Path | None = None, stdin: Path | None = None) -> float:
+def run(cmd: Sequence[str], log: Path, stdout: Path | None = None, stdin: Path | None = None,
+        codes: Sequence[int] = (0,)) -> float:
     """Run ``cmd`` with its output in ``log`` (stdout in ``stdout`` when given, standard input from
-    ``stdin``); return its wall seconds. Raises RecipeError with the log's tail when it fails."""
+    ``stdin``); return its wall seconds. Raises RecipeError with the log's tail when it fails (an exit status
+    not in ``codes``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     with log.open("w") as err, (stdout.open("w") if stdout else log.open("a")) as out, \
             (stdin or Path(os.devnull)).open() as inp:
         rc = subprocess.run(list(cmd), stdin=inp, stdout=out, stderr=err, check=False).returncode
-    if rc != 0:
+    if rc not in codes:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
         raise RecipeError(f"command failed (exit {rc}); log {log}:\n{tail}")
     return time.perf_counter() - start

@@ -24,33 +24,45 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq import checkpoint_utils, tasks
-from fairseq.data.data_utils import post_process
 from sacrebleu.metrics import BLEU
-from torch import Tensor
+from torch import Tensor, nn
 
 from fairseq_insertion import slots as S
 from fairseq_insertion.closure import PREFIX, SlotClosure, fingerprint
 from fairseq_insertion.config import DecodingConfig
-from fairseq_insertion.fast_decoder import cached_slot_states
 from fairseq_insertion.generator import InsertionGenerator, ModelBackend
 
 logger = logging.getLogger("examples.train_closure")
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)  # the candidate probabilities, lowest first
 
 
+class Recorder(nn.Module):
+    """Stands in for the closure head while the model decodes the training sources: it closes nothing and keeps
+    the open slots' states the pass gave it (the states the head will read)."""
+
+    def __init__(self, eos_penalty: float):
+        super().__init__()
+        self.register_buffer("threshold", torch.tensor(float("inf")))
+        self.register_buffer("eos_penalty", torch.tensor(eos_penalty))
+        self.states: Optional[Tensor] = None
+
+    def forward(self, h: Tensor) -> Tensor:
+        self.states = h.detach().float()  # (N, C)
+        return h.new_full(h.shape[:1], float("-inf")).float()  # (N,) closes nothing
+
+
 @dataclass(frozen=True)
 class RecordingBackend(ModelBackend):
-    """The model's backend that also keeps, for every pass, the states of the open slots the head may close and
-    whether the slot rule closed them."""
+    """The model's backend that also keeps, for every pass, the states of the open slots the head may close (from
+    the model's :class:`Recorder`) and whether the slot rule closed them."""
 
     records: List[Tuple[Tensor, Tensor]] = field(default_factory=list)
 
     def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int) -> Any:
         choice = super().score_slots(cache, framed, open_, inputs, k)
-        may = S.may_close(inputs, open_, float(inputs.eos_penalty), k)  # decoded at one beta
+        may = S.may_close(inputs, open_, self.closure_beta, k)  # (N,)
         if may is not None:
-            H = cached_slot_states(self.model.decoder, framed, cache)[open_]  # (N, C)
-            self.records.append((H[may].float(), choice.tokens[may, 0] == self.eos))
+            self.records.append((self.model.decoder.closure.states[may], choice.tokens[may, 0] == self.eos))
         return choice
 
 
@@ -60,8 +72,7 @@ class RecordingGenerator(InsertionGenerator):
         self.records: List[Tuple[Tensor, Tensor]] = []
 
     def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
-        return RecordingBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad,
-                                self.stats, records=self.records)
+        return RecordingBackend(**{**vars(super().backend(model, src_tokens, src_lengths)), "records": self.records})
 
 
 def decode(model: Any, generator: InsertionGenerator, dataset: Any, ids: Sequence[int], batch: int = 128
@@ -99,7 +110,7 @@ def train_head(states: Tensor, closes: Tensor, epochs: int = 8, seed: int = 1) -
 
 def bleu(task: Any, found: Dict[int, List[int]], dataset: Any, how: str) -> float:
     tgt = task.target_dictionary
-    text = lambda ids: post_process(tgt.string(torch.tensor(ids, dtype=torch.long)), how)  # noqa: E731
+    text = lambda ids: tgt.string(torch.tensor(ids, dtype=torch.long), how)  # noqa: E731  fairseq's post_process
     ids = sorted(found)
     refs = [text(dataset.tgt[i].tolist()[:-1]) for i in ids]
     return BLEU(tokenize="none").corpus_score([text(found[i]) for i in ids], [refs]).score
@@ -132,6 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train = task.dataset("train")
     lines = torch.randperm(len(train), generator=torch.Generator().manual_seed(1))[:args.sentences].tolist()
     recorder = RecordingGenerator(task.target_dictionary, config, src_dict=task.source_dictionary)
+    model.decoder.closure = Recorder(args.eos_penalty)
     decode(model, recorder, train, lines)
     states = torch.cat([r[0] for r in recorder.records])  # (M, C)
     closes = torch.cat([r[1] for r in recorder.records])  # (M,)
@@ -142,6 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     head.eos_penalty.fill_(args.eos_penalty)
     head.body.copy_(fingerprint(model.state_dict()))
     valid = task.dataset("valid")
+    model.decoder.closure = None
     plain = decode(model, InsertionGenerator(task.target_dictionary, config, src_dict=task.source_dictionary),
                    valid, range(len(valid)))
     base = bleu(task, plain, valid, args.post_process)

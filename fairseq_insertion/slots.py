@@ -233,8 +233,7 @@ def may_close(inputs: SlotInputs, open_: Any, beta: float, k: int) -> Optional[A
 
 
 def left_open(inputs: SlotInputs, keep: Any) -> SlotInputs:
-    """The :class:`SlotInputs` of the open slots ``keep`` (N,) selects (torch's boolean mask or the graph's
-    indices alike)."""
+    """On torch: the :class:`SlotInputs` of the open slots ``keep`` (N,) selects (a boolean mask)."""
     take = lambda v: v[keep] if hasattr(v, "shape") and v.ndim else v  # noqa: E731
     return inputs._replace(blocked=take(inputs.blocked), eos_penalty=take(inputs.eos_penalty),
                            word_edges=take(inputs.word_edges), no_end=take(inputs.no_end),

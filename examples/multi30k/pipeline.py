@@ -251,19 +251,15 @@ def closure_step(args: argparse.Namespace, data: Path, results: dict) -> dict:
         cmd = [sys.executable, "-m", "examples.train_closure", "--path", str(model), "--data", str(data / "data-bin"),
                "--out", str(out), "--eos-penalty", f"{results['eos_penalty']:g}", "--block-neighbour-copies",
                "--no-repeat-ngram-size", "3", "--post-process", scoring(args)[1], "--summary", str(summary)]
-        log = args.out / "closure.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        with log.open("w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-        if rc not in (0, 3):
-            raise RecipeError(f"the closure step failed (exit {rc}); log {log}")
-        if rc == 3:
-            print(f"  no threshold kept valid's BLEU and outputs: the model is exported without a head ({log})",
-                  file=sys.stderr, flush=True)
-        marker.write_text(json.dumps({"command": shlex.join(cmd), "kept": rc == 0,
-                                      "checkpoint": str(out if rc == 0 else model),
+        out.unlink(missing_ok=True)
+        run(cmd, args.out / "closure.log", codes=(0, 3))  # 3: no threshold qualified, no head written
+        kept = out.is_file()
+        if not kept:
+            print(f"  no threshold kept valid's BLEU and outputs: the model is exported without a head "
+                  f"({args.out / 'closure.log'})", file=sys.stderr, flush=True)
+        marker.write_text(json.dumps({"command": shlex.join(cmd), "kept": kept,
+                                      "checkpoint": str(out if kept else model),
                                       "model_mtime_ns": model.stat().st_mtime_ns,
                                       **json.loads(summary.read_text())}, indent=2))
     return json.loads(marker.read_text())
