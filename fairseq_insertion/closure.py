@@ -4,7 +4,13 @@ EOS penalty closes the slot. At decoding, an open slot whose logit is above the 
 penalty is the head's and that may end takes end-of-slot without the vocabulary projection
 (:func:`fairseq_insertion.slots.closing` on torch, :func:`~fairseq_insertion.slots.closing_graph` in the export);
 the others are scored as without the head. An optional part of a checkpoint (``decoder.closure.*``), tied to the
-model it was trained for by a fingerprint of its slot and output projections. Torch only."""
+model it was trained for by a fingerprint of its slot and output projections.
+
+The look-ahead closure (:class:`LookAhead`, ``decoder.lookahead.*``, trained by the same command) reads what a pass
+computed of each open slot (its state, the token w the slot rule gave it, w's and end-of-slot's log-probabilities)
+and says whether the next pass would close every slot that slot leaves: the two beside w where w is inserted, the
+slot itself where w is end-of-slot. A sentence whose slots it all closes ends without that pass
+(:func:`fairseq_insertion.slots.ending`, :func:`~fairseq_insertion.slots.ending_graph`). Torch only."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 PREFIX = "decoder.closure."
+LOOKAHEAD = "decoder.lookahead."
 FINGERPRINTED = ("decoder.slot_proj.weight", "decoder.output_projection.weight")
 
 
@@ -33,6 +40,26 @@ class SlotClosure(nn.Module):
         return self.out(torch.relu(self.hidden(h))).squeeze(-1).float()  # (N,)
 
 
+class LookAhead(nn.Module):
+    """(h (N, C), w (N,), log p(w | l) (N,), log p(eos | l) (N,)) -> (N, 3) logits that the next pass closes the
+    slot before w, the slot after w (where w is inserted) and the slot itself (where w is end-of-slot): a ReLU
+    layer of ``width`` over the state, w's own vector and the two scores, then three columns."""
+
+    def __init__(self, dim: int, vocab: int, width: int = 64):
+        super().__init__()
+        self.state = nn.Linear(dim, width)
+        self.token = nn.Embedding(vocab, width)
+        self.scores = nn.Linear(2, width, bias=False)
+        self.out = nn.Linear(width, 3)
+        self.register_buffer("threshold", torch.tensor(float("inf")))  # a logit: above it, the slots close
+        self.register_buffer("eos_penalty", torch.tensor(0.0))
+        self.register_buffer("body", torch.zeros(4, dtype=torch.int64))
+
+    def forward(self, h: Tensor, w: Tensor, log_probs: Tensor, eos_log_probs: Tensor) -> Tensor:
+        scores = torch.stack([log_probs, eos_log_probs], -1).to(h.dtype)  # (N, 2)
+        return self.out(torch.relu(self.state(h) + self.token(w) + self.scores(scores))).float()  # (N, 3)
+
+
 def fingerprint(state: Mapping[str, Tensor]) -> Tensor:
     """(4,) int64: sha256 of the slot projection's and the output projection's weights of a model's state."""
     digest = hashlib.sha256()
@@ -43,7 +70,7 @@ def fingerprint(state: Mapping[str, Tensor]) -> Tensor:
 
 def check_fingerprint(state: Mapping[str, Tensor], name: str) -> None:
     """Refuse, in one line naming ``name``, a state whose closure head was trained for another model."""
-    if PREFIX + "body" in state and not torch.equal(state[PREFIX + "body"].cpu(), fingerprint(state)):
-        raise ValueError(f"{name}: its slot-closure head ({PREFIX}*) was trained for another model (the slot and "
-                         "output projections differ); train one for this model with python -m "
-                         "examples.train_closure")
+    for prefix, what in ((PREFIX, "slot-closure head"), (LOOKAHEAD, "look-ahead closure")):
+        if prefix + "body" in state and not torch.equal(state[prefix + "body"].cpu(), fingerprint(state)):
+            raise ValueError(f"{name}: its {what} ({prefix}*) was trained for another model (the slot and output "
+                             "projections differ); train one for this model with python -m examples.train_closure")

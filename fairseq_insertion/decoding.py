@@ -52,6 +52,9 @@ class TorchOps:
     def amax(self, x: Tensor, axis: int) -> Tensor:
         return x.amax(axis)
 
+    def log(self, x: Tensor) -> Tensor:
+        return x.log()
+
     def permute(self, x: Tensor, dims) -> Tensor:
         return x.permute(dims)
 

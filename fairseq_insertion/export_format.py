@@ -58,6 +58,11 @@ def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[s
             ("tokens", "log_probs", "eos_log_probs", "location"))
 
 
+LOOKAHEAD_OUTPUTS = ("ends", "end_log_probs")
+"""The pass graph's outputs after ``location`` when its model has a look-ahead closure
+(:func:`fairseq_insertion.slots.ending_graph`)."""
+
+
 class TranslatorError(ValueError):
     """An exported directory, an input or an option the runtime cannot take; the message names it."""
 
@@ -270,6 +275,8 @@ def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = Fa
     """The graph's input and output names are the export's."""
     inputs, outputs = graph_io(path.name, layers, shortlisted)
     have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
+    if path.name == PASS and have[1] == outputs + LOOKAHEAD_OUTPUTS:  # a model with a look-ahead closure
+        outputs = have[1]
     if have != (inputs, outputs):
         raise TranslatorError(f"{path}: inputs {list(have[0])} and outputs {list(have[1])}, the export's "
                               f"{path.name} has {list(inputs)} and {list(outputs)}")

@@ -49,6 +49,7 @@ class ModelBackend:
     pad: int
     stats: Dict[str, int]  # its count of vocabulary rows scored ("vocabulary_rows")
     closure_beta: Optional[float] = None  # the EOS penalty of the model's slot-closure head; None: it has none
+    lookahead_beta: Optional[float] = None  # the EOS penalty of its look-ahead closure; None: it has none
     xp: Any = TORCH
 
     def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int) -> L.SlotChoice:
@@ -58,9 +59,16 @@ class ModelBackend:
         p = self.model.decode_slots(framed, cache, open_, may)  # (N', V), (A, S)
         self.stats["vocabulary_rows"] += p.content.shape[0]
         if p.closed is None:
-            return L.SlotChoice(*S.choose(self.slot_rule, p.content, inputs, k), p.location)
-        chosen = S.choose(self.slot_rule, p.content, S.left_open(inputs, ~p.closed), k)  # (N', k), (N', k), (N', 1)
-        return L.SlotChoice(*S.closing(p.closed, p.close_log_probs, inputs.eos_penalty, self.eos, chosen), p.location)
+            c = L.SlotChoice(*S.choose(self.slot_rule, p.content, inputs, k), p.location)
+        else:
+            chosen = S.choose(self.slot_rule, p.content, S.left_open(inputs, ~p.closed), k)  # (N', k) (N', k) (N', 1)
+            c = L.SlotChoice(*S.closing(p.closed, p.close_log_probs, inputs.eos_penalty, self.eos, chosen), p.location)
+        ahead = None if p.states is None else S.may_close(inputs, open_, self.lookahead_beta, k)  # (N,)
+        if ahead is None:
+            return c
+        ends, end_log_probs = S.ending(self.model.decoder.lookahead, p.states, c.tokens, c.log_probs,
+                                       c.eos_log_probs, ahead, self.eos)  # (N,) each
+        return c._replace(ends=ends, end_log_probs=end_log_probs)
 
     def reorder(self, cache: Any, keep: Tensor) -> Any:
         return self.model.reorder_decoding_cache(cache, keep)
@@ -144,9 +152,10 @@ class InsertionGenerator:
 
     def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
         """The loop's backend for a batch of these sources."""
-        closure = getattr(model.decoder, "closure", None)  # the optional slot-closure head
+        beta = lambda name: None if getattr(model.decoder, name, None) is None \
+            else float(getattr(model.decoder, name).eos_penalty)  # noqa: E731  the optional heads'
         return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
-                            None if closure is None else float(closure.eos_penalty))
+                            beta("closure"), beta("lookahead"))
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
         """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or
@@ -258,7 +267,9 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
         f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
         f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
         f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
-        f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}"
+        f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}, "
+        f"passes per sentence {s['sentence_passes'] / n:.2f} ({(s['sentence_passes'] - s['iterations']) / n:.2f} "
+        f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f}"
     )
 
 

@@ -40,7 +40,7 @@ from .checkpoints import (
     dictionary_files,
     unreadable_checkpoint,
 )
-from .closure import PREFIX, SlotClosure, check_fingerprint
+from .closure import LOOKAHEAD, PREFIX, LookAhead, SlotClosure, check_fingerprint
 from .config import TERMINATIONS
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
@@ -170,6 +170,7 @@ class SlotPass(NamedTuple):
     location: Tensor  # (A, S) log p(l), -inf at padding slots
     closed: Optional[Tensor] = None  # (N,) the open slots the closure head closed; None: no head applied
     close_log_probs: Optional[Tensor] = None  # (N,) the head's log-probability that each open slot closes
+    states: Optional[Tensor] = None  # (N, C) the open slots' states, for the look-ahead closure (None: no look-ahead)
 
 
 class InsertionDecoder(TransformerDecoderBase):
@@ -186,6 +187,7 @@ class InsertionDecoder(TransformerDecoderBase):
         nn.init.zeros_(self.slot_proj.bias)
         self.head: Optional[SlotHead] = None
         self.closure: Optional[SlotClosure] = None  # optional: python -m examples.train_closure
+        self.lookahead: Optional[LookAhead] = None  # optional, the same command
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
         """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
@@ -353,14 +355,15 @@ class InsertionTransformerModel(TransformerModel):
         H = cached_slot_states(self.decoder, framed, cache)  # (A, S, C)
         real = framed[:, 1:].ne(self.decoder.padding_idx)  # (A, S)
         closed = close_log_probs = None
+        states = H[select] if self.decoder.lookahead is not None else None  # (N, C)
         if may_close is not None and self.decoder.closure is not None:
-            logits = self.decoder.closure(H[select])  # (N,)
+            logits = self.decoder.closure(H[select] if states is None else states)  # (N,)
             closed = may_close & (logits > self.decoder.closure.threshold)
             close_log_probs = nn.functional.logsigmoid(logits)
             select = select.masked_scatter(select, ~closed)  # (A, S) the open slots the head left open
         content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
         return SlotPass(content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1), closed,
-                        close_log_probs)
+                        close_log_probs, states)
 
     def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()
@@ -376,6 +379,11 @@ class InsertionTransformerModel(TransformerModel):
             check_fingerprint(state_dict, "the checkpoint")
             if self.decoder.closure is None:
                 self.decoder.closure = SlotClosure(self.decoder.output_embed_dim)
+        if any(k.startswith(LOOKAHEAD) for k in state_dict):  # the optional look-ahead closure
+            check_fingerprint(state_dict, "the checkpoint")
+            if self.decoder.lookahead is None:
+                self.decoder.lookahead = LookAhead(self.decoder.output_embed_dim, len(self.decoder.dictionary),
+                                                   state_dict[LOOKAHEAD + "state.weight"].shape[0])
         own = self.state_dict()
         wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
                  if k in own and own[k].shape != v.shape]

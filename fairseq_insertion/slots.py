@@ -283,3 +283,47 @@ def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, e
     g.output("ScatterND", "log_probs", g.op("Expand", g.op("Sub", close_log_probs, eos_penalty), shape), at,
              log_probs)
     g.output("ScatterND", "eos_log_probs", close_log_probs, at, eos_log_probs)
+
+
+# The look-ahead closure (fairseq_insertion.closure.LookAhead): a sentence whose slots the next pass would all close
+# ends without that pass.
+
+def ending(lookahead: Any, states: Any, tokens: Any, log_probs: Any, eos_log_probs: Any, may: Any, eos: int
+           ) -> Tuple[Any, Any]:
+    """On torch: from the open slots' ``states`` (N, C), the token the slot rule gave each (``tokens`` (N, 1)) with
+    its (N, 1) log-probabilities, (N,) the slots ``may`` select whose next-pass slots the head says all close (the
+    two beside the token where it is inserted, the slot itself where it is end-of-slot) and (N,) its
+    log-probability of that."""
+    w = tokens[:, 0]  # (N,)
+    logits = lookahead(states, w, log_probs[:, 0], eos_log_probs[:, 0])  # (N, 3)
+    at_end = w == eos
+    lowest = logits[:, 2].where(at_end, logits[:, :2].amin(1))  # (N,)
+    log_sig = logits.sigmoid().log()  # (N, 3) as the graph computes it: accurate where the slots close
+    log_sig = log_sig[:, 2].where(at_end, log_sig[:, :2].sum(1))  # (N,)
+    return may & (lowest > lookahead.threshold), log_sig
+
+
+def ending_graph(g: Any, lookahead: Any, states: str, tokens: str, log_probs: str, eos_log_probs: str,
+                 eos_penalty: str, no_end: str, k: str, eos: int) -> None:
+    """In the pass graph: the look-ahead closure on the open slots' ``states`` (N, C) and the pass's outputs
+    ``tokens``, ``log_probs``, ``eos_log_probs``, as :func:`ending` with :func:`may_close`: writes the outputs
+    ``ends`` (N, 1) bool and ``end_log_probs`` (N, 1)."""
+    w = g.op("Gather", tokens, g.const(np.asarray(0, np.int64), "first_column"), axis=1)  # (N,)
+    first = g.op("Slice", log_probs, g.ints(0), g.ints(1), g.ints(1))  # (N, 1)
+    scores = g.op("Concat", first, eos_log_probs, axis=1)  # (N, 2)
+    hidden = g.op("Add", g.op("Add", g.op("MatMul", states, g.const(lookahead.state.weight.t(), "lookahead_state")),
+                              g.const(lookahead.state.bias, "lookahead_state_bias")),
+                  g.op("Add", g.op("Gather", g.const(lookahead.token.weight, "lookahead_token"), w, axis=0),
+                       g.op("MatMul", scores, g.const(lookahead.scores.weight.t(), "lookahead_scores"))))  # (N, W)
+    logits = g.op("Gemm", g.op("Relu", hidden), g.const(lookahead.out.weight, "lookahead_out"),
+                  g.const(lookahead.out.bias, "lookahead_out_bias"), transB=1)  # (N, 3)
+    left, right, stay = (g.op("Slice", logits, g.ints(i), g.ints(i + 1), g.ints(1)) for i in range(3))  # (N, 1) each
+    at_end = g.op("Equal", g.op("Unsqueeze", w, g.ints(1)), g.const(np.asarray(eos, np.int64), "lookahead_eos"))
+    lowest = g.op("Where", at_end, stay, g.op("Min", left, right))  # (N, 1)
+    log_sig = lambda x: g.op("Log", g.op("Sigmoid", x))  # noqa: E731  accurate where it closes (a logit above 0)
+    may = g.op("And", g.op("And", g.op("Not", no_end), g.op("Equal", eos_penalty, g.const(
+        lookahead.eos_penalty.reshape(1, 1), "lookahead_beta"))), g.op("Equal", k, g.const(np.asarray([1], np.int64),
+                                                                                          "lookahead_k")))  # (N, 1)
+    g.output("And", "ends", may, g.op("Greater", lowest, g.const(lookahead.threshold.reshape(1, 1),
+                                                                 "lookahead_threshold")))
+    g.output("Where", "end_log_probs", at_end, log_sig(stay), g.op("Add", log_sig(left), log_sig(right)))

@@ -65,9 +65,10 @@ def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[
                        iterations=wrap(np.zeros(B, np.int64)), final_eos=wrap(np.zeros(B, np.float32)),
                        max_len=wrap(np.asarray(max_len, np.int64)))
     bounds = L.Bounds.build(xp, options_(DecodingConfig(decoding=decoding, **options)))
-    out, passes = L.run(Oracle(xp, wrap, targets), state, wrap(np.arange(B)), bounds, record)
+    out, work = L.run(Oracle(xp, wrap, targets), state, wrap(np.arange(B)), bounds, record)
     lengths = np.asarray(out.lengths).tolist()
-    return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), passes
+    return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), \
+        work.passes
 
 
 def random_targets(seed: int, B: int = 6) -> List[List[int]]:

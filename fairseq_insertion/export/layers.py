@@ -15,7 +15,7 @@ from torch import nn
 
 from ..export_format import source_names
 from ..loop import FEEDS, word_edge_table
-from ..slots import SlotRule, choose_graph, closing_graph, closing_outputs
+from ..slots import SlotRule, choose_graph, closing_graph, closing_outputs, ending_graph
 from ..weights import Projection, SlotHeadWeights, blocks, encoder_keys_values, residual, self_attention_qkv, slot_head
 from .graph import ExportError, Graph, _io
 
@@ -248,14 +248,29 @@ def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, 
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
     head = slot_head(dec)
-    if getattr(dec, "closure", None) is None:
+    closure, lookahead = getattr(dec, "closure", None), getattr(dec, "lookahead", None)
+    if closure is None and lookahead is None:
         content, ids = _slot_head(g, x, keep, head, open_slots, shortlisted)  # (N, V) or (N, L) each
         choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k, ids)
         return
     if shortlisted:
-        raise ExportError("a model with a slot-closure head cannot be exported with --shortlist")
+        raise ExportError("a model with a slot-closure head or a look-ahead closure cannot be exported with "
+                          "--shortlist")
     states, _ = _slot_head(g, x, keep, head, open_slots, project=False)  # (N, C)
-    rows, close_log_probs = closing_graph(g, dec.closure, states, eos_penalty, no_end)  # (N',), (N, 1)
+    if closure is None:
+        content = g.op("MatMul", states, g.const(head.output.weight.t(), "output_projection"))  # (N, V)
+        choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k)
+    else:
+        _closing(g, closure, states, head, rule, classes, blocked, eos_penalty, no_end, k)
+    if lookahead is not None:
+        ending_graph(g, lookahead, states, "tokens", "log_probs", "eos_log_probs", eos_penalty, no_end, k, eos)
+
+
+def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, rule: SlotRule, classes: str,
+             blocked: str, eos_penalty: str, no_end: str, k: str) -> None:
+    """The slot-closure head, then the slot rule on the open slots' ``states`` (N, C) it leaves open."""
+    eos = rule.eos
+    rows, close_log_probs = closing_graph(g, closure, states, eos_penalty, no_end)  # (N',), (N, 1)
     left = lambda value: g.op("Gather", value, rows, axis=0)  # noqa: E731  the slots left open
     content = g.op("MatMul", left(states), g.const(head.output.weight.t(), "output_projection"))  # (N', V)
     chosen = choose_graph(g, rule, content, left(classes), left(blocked), left(eos_penalty), left(no_end), k,
@@ -279,7 +294,9 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
          *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
          _io("k", TensorProto.INT64, [1]), *listed],
         [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
-         _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"])],
+         _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"]),
+         *([_io("ends", TensorProto.BOOL, ["open", 1]), _io("end_log_probs", TensorProto.FLOAT, ["open", 1])]
+           if getattr(dec, "lookahead", None) is not None else [])],
         vocab_size=len(dec.dictionary))
 
 

@@ -24,6 +24,8 @@ class SlotChoice(NamedTuple):
     log_probs: Array  # (N, k) their log p(c | l)
     eos_log_probs: Array  # (N, 1) log p(eos | l)
     location: Array  # (A, S) log p(l) of every slot, -inf at padding
+    ends: Optional[Array] = None  # (N,) the look-ahead closure: the next pass closes every slot this one leaves
+    end_log_probs: Optional[Array] = None  # (N,) its log-probability of that; None (both): no look-ahead
 
 
 class Backend(Protocol):
@@ -52,7 +54,7 @@ def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> S
     inputs = slot_inputs(xp, state, framed, open_, bounds)
     c = backend.score_slots(memory, framed, open_, inputs, 1)  # (N, 1) each, (A, S)
     return slot_scores(xp, open_, c.tokens[:, 0], c.log_probs[:, 0], c.eos_log_probs[:, 0], c.location, o.eos,
-                       bounds.sequence)
+                       bounds.sequence, c.ends, c.end_log_probs)
 
 
 def first_tokens(backend: Backend, memory: Any, batch: int, k: int, options: DecodeOptions, like: Array,
@@ -75,17 +77,29 @@ class Pass(NamedTuple):
     keep: Array  # (A,)
     n_keep: int
     kept_width: int  # the longest kept canvas
+    positions: int  # the pass's framed canvas positions, unpadded
+
+
+class Work(NamedTuple):
+    """What a decode ran: batched decoder passes, passes of one sentence, framed canvas positions (unpadded)."""
+
+    passes: int = 0
+    sentence_passes: int = 0
+    positions: int = 0
+
+    def __add__(self, other: "Work") -> "Work":  # type: ignore[override]
+        return Work(*(a + b for a, b in zip(self, other)))
 
 
 Record = Callable[[Canvases, Array], None]
 
 
 def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
-        ) -> Tuple[Canvases, int]:
+        ) -> Tuple[Canvases, Work]:
     """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
     the batch. Closed slots never receive an insertion and count as finished. ``record(state,
     inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
-    row, in batch order, and the number of forward passes."""
+    row, in batch order, and the passes run (:class:`Work`)."""
     xp = backend.xp
     B, K = state.tokens.shape
     start = (state.max_len > state.lengths) & open_slots(xp, state, K + 1).any(1)  # (B,) rows taking a first pass
@@ -95,7 +109,7 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
     max_iter = bounds.max_iterations or room
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
-    passes = 0
+    passes = sentence_passes = positions = 0
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
@@ -103,7 +117,7 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
         left = state.max_len - state.lengths  # (A,)
         choice = bounds.rule(scores, left.clip(max=bounds.max_per_pass) if bounds.max_per_pass else left)
         after = step(xp, state, scores, choice, max_iter, bounds)
-        passes += 1
+        passes, sentence_passes, positions = passes + 1, sentence_passes + n_active, positions + after.positions
         if record is not None:
             record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
         state = after.state
@@ -113,7 +127,7 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
         n_active = after.n_keep
     if n_active:
         out.store(state)
-    return out, passes
+    return out, Work(passes, sentence_passes, positions)
 
 
 def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, bounds: Bounds) -> Pass:
@@ -124,7 +138,11 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
     inserted = choice.mask.any(1)
     iterations = state.iterations + xp.long(inserted)
     keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
-    width, n_keep, kept_width = xp.host(new_len.max(), keep.sum(), (new_len * keep).max())
+    final_eos = scores.final_eos
+    if scores.ends is not None and bounds.look_ahead and state.given is None:
+        keep, final_eos = _look_ahead(xp, scores, choice, keep, new_len, bounds)
+    width, n_keep, kept_width, lengths = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(),
+                                                 state.lengths.sum())
     K = state.tokens.shape[1]
     dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
     closed_before, closed_end = state.closed_before, state.closed_end
@@ -138,8 +156,23 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
         scores=place(xp, dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
         closed_before=None if closed_before is None else place(xp, dest, closed_before, none, width, False),
         given=None if state.given is None else place(xp, dest, state.given, none, width, False),
-        closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=scores.final_eos)
-    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width)
+        closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=final_eos)
+    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width,
+                positions=lengths + 2 * len(state.lengths))
+
+
+def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, new_len: Array, bounds: Bounds
+                ) -> Tuple[Array, Array]:
+    """The look-ahead closure in a parallel step: the rows ``keep`` (A,) whose every open slot it says the next pass
+    closes (the two beside a token inserted, a slot that chose end-of-slot itself) end now, without that pass; their
+    final end-of-slot decisions are scored by the head with a uniform log p(l) over the new canvas's slots (the
+    pass that would give the model's is not run). Returns the rows that go on and each row's ``final_eos``."""
+    at_end = scores.open & (scores.tokens == bounds.eos)  # (A, S)
+    closes = scores.ends & (choice.mask | at_end)  # (A, S)
+    done = keep & (closes | ~scores.open).all(1)  # (A,)
+    slots = xp.cast(2 * choice.mask.sum(1) + at_end.sum(1), like=scores.final_eos)  # (A,) the slots it closes
+    guess = xp.where(closes, scores.end_log_probs, 0.0).sum(1) - slots * xp.log(xp.cast(new_len + 1, like=slots))
+    return keep & ~done, xp.where(done, guess, scores.final_eos)
 
 
 def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int
@@ -184,6 +217,8 @@ class Decoded(NamedTuple):
     score: Array  # (B n,) the ordering score (:func:`candidate_scores`)
     order: Array  # (B, n) each sentence's candidates, best first (indices within the sentence)
     passes: int  # forward passes, the first insertions' included
+    sentence_passes: int = 0  # passes of one sentence (a batched pass counts its rows), the first insertions' included
+    positions: int = 0  # framed canvas positions the passes ran the decoder over, unpadded
 
 
 Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained decode's tokens, its lengths)
@@ -203,11 +238,11 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     xp, config, pad = backend.xp, options.config, options.pad
     B, betas, K = max_len.shape[0], config.betas, config.first_insertions
     n = config.candidates
-    first_scores, passes = None, 0
+    first_scores, work = None, Work()
     if K > 1:
         tokens, log_probs = first_tokens(backend, memory, B, K, options, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
-        passes = 1
+        work = Work(1, B, 2 * B)
     if n > 1:
         sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
         memory, start, max_len = backend.reorder(memory, sentence), start.take(start_row), max_len[sentence]
@@ -219,26 +254,31 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
     if arrange is not None and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)
-        unconstrained, _ = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
+        unconstrained, more = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
                                                     shortlist=shortlist), memory, bounds)
         start = arrange(start, unconstrained.tokens, unconstrained.lengths)
+        work = work + more
     state = start_state(xp, start, max_len, eos_penalty, given and options.joins_next is not None,
                         bounds.close_ended or given, first_scores, record is not None, shortlist)
     out, more = run(backend, state, memory, bounds, record)
+    work = work + more
     real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
     log_prob = xp.where(real, out.scores, 0.0).sum(1) + out.final_eos  # (B n,)
     teacher = backend.score_candidates(out.tokens, out.lengths, n) if n > 1 else None
     score = candidate_scores(log_prob, xp.cast(out.lengths, like=log_prob), config.lenpen, teacher,
                              config.rerank_weight)  # (B n,)
     order = xp.argsort(score.reshape(-1, n), descending=True)  # (B, n) the best first; ties: the lower EOS penalty
-    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=order, passes=passes + more)
+    return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=order, passes=work.passes,
+                   sentence_passes=work.sentence_passes, positions=work.positions)
 
 
 def new_stats() -> Dict[str, int]:
     """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched decoder
-    passes (the encoder not counted), iterations (steps that inserted a token), floor(log2 n)+1 of each output's
-    length n (the paper's bound on a parallel decode's iterations) and output tokens, summed over sentences."""
-    return dict.fromkeys(("sentences", "batches", "passes", "iterations", "log2_bound", "tokens"), 0)
+    passes (the encoder not counted), passes of one sentence, the framed canvas positions the decoder ran over
+    (unpadded), iterations (steps that inserted a token), floor(log2 n)+1 of each output's length n (the paper's
+    bound on a parallel decode's iterations) and output tokens, summed over sentences."""
+    return dict.fromkeys(("sentences", "batches", "passes", "sentence_passes", "positions", "iterations",
+                          "log2_bound", "tokens"), 0)
 
 
 def tally(stats: Dict[str, int], found: Decoded) -> None:
@@ -247,7 +287,8 @@ def tally(stats: Dict[str, int], found: Decoded) -> None:
     best = np.asarray((found.order[:, 0] + n * np.arange(B)).tolist() if B else [], np.int64)  # (B,) their rows
     lengths = np.asarray(found.canvases.lengths.tolist(), np.int64)[best]  # (B,)
     bound = np.where(lengths > 0, np.floor(np.log2(np.maximum(lengths, 1))) + 1, 0)  # (B,)
-    counts = {"sentences": B, "batches": 1, "passes": found.passes, "tokens": int(lengths.sum()),
+    counts = {"sentences": B, "batches": 1, "passes": found.passes, "sentence_passes": found.sentence_passes,
+              "positions": found.positions, "tokens": int(lengths.sum()),
               "iterations": int(np.asarray(found.canvases.iterations.tolist(), np.int64)[best].sum()),
               "log2_bound": int(bound.sum())}
     for key, value in counts.items():

@@ -43,6 +43,8 @@ class Ops(Protocol):
 
     def amax(self, x: Array, axis: int) -> Array: ...
 
+    def log(self, x: Array) -> Array: ...
+
     def permute(self, x: Array, dims: Tuple[int, ...]) -> Array: ...
 
     def asarray(self, x: np.ndarray, like: Array) -> Array:
@@ -98,6 +100,9 @@ class NumpyOps:
 
     def amax(self, x, axis):
         return x.max(axis)
+
+    def log(self, x):
+        return np.log(x)
 
     def permute(self, x, dims):
         return x.transpose(dims)

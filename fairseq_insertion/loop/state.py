@@ -70,6 +70,8 @@ class SlotScores(NamedTuple):
     log_probs: Array  # its log p(c | l) (the eos penalty included when eos wins)
     location: Array  # log p(l), -inf at padding slots
     final_eos: Array  # (A,) log-prob of this pass's end-of-slot decisions, sum of log p(eos, l), no penalty
+    ends: Optional[Array] = None  # the look-ahead closure's: the next pass closes every slot this one leaves here
+    end_log_probs: Optional[Array] = None  # its log-probability of that; None (both): no look-ahead
 
 
 class Insertions(NamedTuple):
@@ -89,15 +91,19 @@ def open_slots(xp: Ops, state: Canvases, num_slots: int) -> Array:
 
 
 def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_probs: Array, location: Array,
-                eos: int, sequence: bool) -> SlotScores:
+                eos: int, sequence: bool, ends: Optional[Array] = None, end_log_probs: Optional[Array] = None
+                ) -> SlotScores:
     """A pass's :class:`SlotScores` from the model's values at the open slots (N,), row-major: the best
     token, its log p(c | l) and log p(eos | l); ``location`` (A, S) log p(l). ``sequence``: the
-    end-of-sequence decision is the best (slot, eos); otherwise every slot that chose end-of-slot."""
+    end-of-sequence decision is the best (slot, eos); otherwise every slot that chose end-of-slot. ``ends``,
+    ``end_log_probs`` (N,): the look-ahead closure's, or None."""
     tokens = xp.masked_put(open_, tokens, eos)  # (A, S)
     eos_joint = xp.masked_put(open_, eos_log_probs, NEG_INF) + location  # (A, S) log p(eos, l)
     final_eos = xp.amax(eos_joint, 1) if sequence else xp.where(open_ & (tokens == eos), eos_joint, 0.0).sum(1)
+    ahead = {} if ends is None else {"ends": xp.masked_put(open_, ends, False),
+                                     "end_log_probs": xp.masked_put(open_, end_log_probs, 0.0)}  # (A, S) each
     return SlotScores(open=open_, tokens=tokens, log_probs=xp.masked_put(open_, log_probs, 0.0), location=location,
-                      final_eos=final_eos)
+                      final_eos=final_eos, **ahead)
 
 
 def start_state(xp: Ops, start: Start, max_len: Array, eos_penalty: Optional[Array], given: bool, closes: bool,

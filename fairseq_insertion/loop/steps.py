@@ -100,6 +100,7 @@ class Bounds(NamedTuple):
     sequence: bool  # greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas
     max_per_pass: int  # the most insertions a pass into one canvas (0: as many as its room)
     options: DecodeOptions
+    look_ahead: bool = False  # a parallel decode: a model's look-ahead closure may end a sentence a pass early
 
     @property
     def eos(self) -> int:
@@ -119,4 +120,4 @@ class Bounds(NamedTuple):
         return cls(rule=step_rule(xp, config.decoding, termination, options.eos), max_iterations=config.max_iterations,
                    close_ended=config.close_ended_slots and termination == "slot",
                    sequence=config.decoding == "greedy" and termination == "sequence",
-                   max_per_pass=config.max_per_pass, options=options)
+                   max_per_pass=config.max_per_pass, options=options, look_ahead=config.decoding == "parallel")

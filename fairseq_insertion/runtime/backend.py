@@ -81,17 +81,20 @@ class OnnxBackend:
         lengths = (framed != self.pad).sum(1) - 2  # (A,)
         groups = width_groups(lengths)
         if len(groups) == 1:
-            return L.SlotChoice(*self._run(source, framed, open_, inputs, slice(None), k))
+            tokens, log_probs, eos_log_probs, location, *ahead = self._run(source, framed, open_, inputs, slice(None),
+                                                                           k)
+            return L.SlotChoice(tokens, log_probs, eos_log_probs, location, *(a.reshape(-1) for a in ahead))
         location = np.full(open_.shape, L.NEG_INF, np.float32)  # (A, S)
         ends = np.cumsum([int(open_[rows].sum()) for rows in groups])  # each group's open slots end here
         outs = []
         for rows, end, n in zip(groups, ends, np.diff(ends, prepend=0)):
             width = int(lengths[rows].max()) + 2  # the group's framed width
-            *out, location[rows, :width - 1] = self._run(
+            tokens, log_probs, eos_log_probs, location[rows, :width - 1], *ahead = self._run(
                 source, framed[rows, :width], open_[rows, :width - 1], _slot_range(inputs, rows, slice(end - n, end)),
                 rows, k)  # the group's open slots: a range of the pass's, its rows being contiguous
-            outs.append(out)
-        return L.SlotChoice(*(np.concatenate(values) for values in zip(*outs)), location)
+            outs.append((tokens, log_probs, eos_log_probs, *(a.reshape(-1) for a in ahead)))
+        values = [np.concatenate(v) for v in zip(*outs)]
+        return L.SlotChoice(*values[:3], location, *values[3:])  # the look-ahead's ends and end_log_probs last
 
     def _run(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice, k: int
              ) -> List[np.ndarray]:
