@@ -2,7 +2,8 @@
 and the checked reading of an exported directory, which refuses what it cannot take naming the file and
 (in ``settings.json``) the key: a missing, empty or changed file (size, sha256), a key missing, of the wrong
 type, out of range or unknown, a vocabulary that is not UTF-8, a graph whose inputs, outputs, vocabulary
-size or layers are not the settings'. Standard library only (the caller's onnxruntime reads the graphs).
+size or layers are not the settings'. Imports the standard library, the decoding config, the loop's slot rules
+(numpy) and the preprocessing record; no torch or onnx (the caller's onnxruntime reads the graphs).
 """
 
 from __future__ import annotations

@@ -279,7 +279,8 @@ def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, r
 
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
-    """One decoding pass (see the module's docstring for its inputs and outputs); ``shortlisted``: the open
+    """One decoding pass (its inputs and outputs: :func:`fairseq_insertion.export_format.graph_io`, and
+    :data:`~fairseq_insertion.export_format.LOOKAHEAD_OUTPUTS` with a look-ahead closure); ``shortlisted``: the open
     slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, L, C), from the
     encoder graph)."""
     dec = model.decoder

@@ -3,9 +3,9 @@
 Everything after the model's scores lives here, one concern a module, in this order (each imports only
 those before it): :mod:`.ops` (the arrays of a backend: :class:`Ops`, :data:`NUMPY`), :mod:`.geometry`
 (framed canvases, slots, how insertions move every per-token array), :mod:`.bans` (what the slot rules
-bar), :mod:`.rules` (the slot rules, one object each: :data:`RULES`, the pass graph's inputs
-:data:`FEEDS`), :mod:`.starts` (where a decode starts, length limits), :mod:`.state` (the typed state),
-:mod:`.steps` (the step rules, :class:`DecodeOptions`, :class:`Bounds`) and :mod:`.driver` (the loop
+bar), :mod:`.starts` (where a decode starts, length limits), :mod:`.state` (the typed state),
+:mod:`.steps` (the step rules, :class:`DecodeOptions`, :class:`Bounds`), :mod:`.rules` (the slot rules, one
+object each: :data:`RULES`, the pass graph's inputs :data:`FEEDS`) and :mod:`.driver` (the loop
 :func:`run` and :func:`decode` over a :class:`Backend`: ``score_slots``, ``reorder``, ``score_candidates``).
 
 The code uses only what numpy arrays and torch tensors share; the rest goes through ``Ops``, with one host
