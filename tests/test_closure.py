@@ -61,17 +61,22 @@ def test_the_head_skips_rows_and_the_plain_model_decodes_as_before(with_head):
                                      {"eos_penalties": (0.5, 1.5)}, {"block_neighbour_copies": True}])
 @pytest.mark.parametrize("batch", [1, 5])
 def test_the_runtime_gives_the_generators_hypotheses_with_the_head(with_head, tmp_path, options, batch):
+    _, _, head, task = with_head
+    runtime_matches_generator(head, task, DecodingConfig(eos_penalty=0.5, **options), batch, tmp_path / "e")
+
+
+def runtime_matches_generator(model, task, config, batch, out):
+    """The model exported to ``out`` translates every test sentence as the PyTorch generator does: the same
+    hypotheses (not all empty) and scores. Returns the translator."""
     from fairseq_insertion.runtime import Translator
 
-    _, _, head, task = with_head
-    config = DecodingConfig(eos_penalty=0.5, **options)
     with torch.no_grad():
-        expected = generator_hypotheses(head, task, config, batch)
-    translator = Translator(export_model(head, task.source_dictionary, task.target_dictionary, tmp_path / "e"),
-                            intra_threads=1)
+        expected = generator_hypotheses(model, task, config, batch)
+    translator = Translator(export_model(model, task.source_dictionary, task.target_dictionary, out), intra_threads=1)
     got = runtime_hypotheses(translator, task, config, batch)
     assert [g[0] for g in got] == [e[0] for e in expected] and any(len(e[0]) for e in expected)
     np.testing.assert_allclose([g[1] for g in got], [e[1] for e in expected], rtol=1e-4, atol=1e-4)
+    return translator
 
 
 def test_a_head_trained_for_another_model_is_refused(with_head, tmp_path):

@@ -16,6 +16,7 @@ from examples.train_closure import Pass, lookahead_examples
 from fairseq_insertion.config import DecodingConfig
 from fairseq_insertion.export import export_model
 from fairseq_insertion.generator import InsertionGenerator
+from tests.test_closure import runtime_matches_generator
 from tests.test_runtime import generator_hypotheses, runtime_hypotheses
 from tests.utils import REPO, trained_reverse_model
 
@@ -98,17 +99,9 @@ def test_a_lookahead_that_ends_nothing_or_another_beta_decodes_as_without(heads)
                                      {"first_insertions": 2}])
 @pytest.mark.parametrize("batch", [1, 5])
 def test_the_runtime_gives_the_generators_hypotheses_with_the_lookahead(heads, tmp_path, options, batch):
-    from fairseq_insertion.runtime import Translator
-
     _, model, task, _ = heads
-    config = DecodingConfig(eos_penalty=0.5, **options)
-    with torch.no_grad():
-        expected = generator_hypotheses(model, task, config, batch)
-    translator = Translator(export_model(model, task.source_dictionary, task.target_dictionary, tmp_path / "e"),
-                            intra_threads=1)
-    got = runtime_hypotheses(translator, task, config, batch)
-    assert [g[0] for g in got] == [e[0] for e in expected] and any(len(e[0]) for e in expected)
-    np.testing.assert_allclose([g[1] for g in got], [e[1] for e in expected], rtol=1e-4, atol=1e-4)
+    translator = runtime_matches_generator(model, task, DecodingConfig(eos_penalty=0.5, **options), batch,
+                                           tmp_path / "e")
     assert translator.stats["sentence_passes"] > 0
 
 
