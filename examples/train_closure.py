@@ -65,8 +65,9 @@ class RecordingBackend(ModelBackend):
 
     records: List[Tuple[Tensor, Tensor]] = field(default_factory=list)
 
-    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int) -> Any:
-        choice = super().score_slots(cache, framed, open_, inputs, k)
+    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int,
+                    fresh: Optional[Tensor] = None) -> Any:
+        choice = super().score_slots(cache, framed, open_, inputs, k, fresh)
         may = S.may_close(inputs, open_, self.closure_beta, k)  # (N,)
         if may is not None:
             self.records.append((self.model.decoder.closure.states[may], choice.tokens[may, 0] == self.eos))
@@ -119,8 +120,9 @@ class LookAheadBackend(ModelBackend):
     records: List[Pass] = field(default_factory=list)
     ids: List[Tensor] = field(default_factory=list)  # the canvases' batch rows after each reorder
 
-    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int) -> Any:
-        choice = super().score_slots(cache, framed, open_, inputs, k)
+    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: Any, k: int,
+                    fresh: Optional[Tensor] = None) -> Any:
+        choice = super().score_slots(cache, framed, open_, inputs, k, fresh)
         may = S.may_close(inputs, open_, self.lookahead_beta, k)  # (N,)
         if may is not None:
             self.records.append(Pass(self.rows(), open_.cpu(), may.cpu(), self.model.decoder.lookahead.inputs))

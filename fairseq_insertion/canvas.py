@@ -169,29 +169,70 @@ def insertion_loss(content_lprobs: Tensor, location_lprobs: Tensor, target: Tens
     N = target.size(1)
     eps = label_smoothing
     k = keep.sum(1)  # (B,) canvas lengths
-    slots = L.slot_mask(TORCH, k, S)  # (B, S)
     loc = location_lprobs.float()
-    eos_nll = -(content_lprobs[:, :, eos].float() + loc)  # (B, S)
-    # -(1/V) sum_c log p(c, l): a full pass over (B, S, V), so only when smoothing is on
-    smooth = -(content_lprobs.float().mean(-1) + loc) if eps > 0 else None  # (B, S)
 
     if order == "left_to_right":
         # next token y_{k+1} (or end-of-sequence when complete) in the rightmost slot k
         nxt = target.gather(1, k.clamp(max=N - 1).unsqueeze(1)).squeeze(1) if N > 0 else k
         nxt = torch.where(k < target_lengths, nxt, torch.full_like(nxt, eos))  # (B,)
         lp = content_lprobs[torch.arange(B, device=k.device), k]  # (B, V)
-        nll = -(lp.float().gather(1, nxt.unsqueeze(1)).squeeze(1) + loc.gather(1, k.unsqueeze(1)).squeeze(1))
-        if smooth is None:
+        loc_k = loc.gather(1, k.unsqueeze(1)).squeeze(1)  # (B,)
+        nll = -(lp.float().gather(1, nxt.unsqueeze(1)).squeeze(1) + loc_k)
+        if eps == 0:
             return nll, nll
-        return (1 - eps) * nll + eps * smooth.gather(1, k.unsqueeze(1)).squeeze(1), nll
+        return (1 - eps) * nll + eps * -(lp.float().mean(-1) + loc_k), nll  # -(1/V) sum_c log p(c, l)
 
-    valid = torch.arange(N, device=target.device).unsqueeze(0) < target_lengths.unsqueeze(1)
-    missing = valid & ~keep  # (B, N)
     slot, start, end = slot_spans(keep, target_lengths)
     slot = slot.clamp(max=S - 1)
+    tok_lp = content_lprobs.reshape(B, S * V).gather(1, slot * V + target.clamp(0, V - 1)).float()  # (B, N)
+    return _slot_loss(tok_lp, content_lprobs[:, :, eos].float(), content_lprobs.float().mean(-1) if eps > 0 else None,
+                      loc, target_lengths, keep, (slot, start, end), order, termination, tau, eps)
+
+
+def flat_insertion_loss(content_lprobs: Tensor, real: Tensor, location_lprobs: Tensor, target: Tensor,
+                        target_lengths: Tensor, keep: Tensor, order: str, termination: str, eos: int, tau: float = 1.0,
+                        label_smoothing: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """:func:`insertion_loss` with the content of the real slots alone: ``content_lprobs`` (M, V) log p(c | l) of
+    the slots ``real`` (R, S) (the k + 1 slots of each canvas), in row-major order; ``location_lprobs`` (R, S);
+    target, keep (R, N); binary_tree and uniform orders. Returns (loss, nll), each (R,)."""
+    if termination not in TERMINATIONS:
+        raise ValueError(f"unknown termination {termination!r}; choose one of {TERMINATIONS}")
+    if order == "left_to_right":
+        raise ValueError("the loss over real slots alone takes the binary_tree and uniform orders, not left_to_right")
+    R, S = real.shape
+    V = content_lprobs.size(1)
+    row = (real.flatten().long().cumsum(0) - 1).view(R, S)  # (R, S) each real slot's row of content_lprobs
+    slot, start, end = slot_spans(keep, target_lengths)
+    slot = slot.clamp(max=S - 1)
+    tok_lp = content_lprobs[row.gather(1, slot).clamp(min=0), target.clamp(0, V - 1)].float()  # (R, N)
+    lp = content_lprobs.float()
+
+    def per_slot(x: Tensor) -> Tensor:  # (M,) -> (R, S), 0 at the slots that are not real
+        return x.new_zeros(R, S).masked_scatter(real, x)
+
+    mean = per_slot(lp.mean(-1)) if label_smoothing > 0 else None
+    return _slot_loss(tok_lp, per_slot(lp[:, eos]), mean, location_lprobs.float(), target_lengths, keep,
+                      (slot, start, end), order, termination, tau, label_smoothing)
+
+
+def _slot_loss(tok_lp: Tensor, eos_lp: Tensor, mean_lp: Optional[Tensor], loc: Tensor, target_lengths: Tensor,
+               keep: Tensor, spans: Tuple[Tensor, Tensor, Tensor], order: str, termination: str, tau: float,
+               eps: float) -> Tuple[Tensor, Tensor]:
+    """The weighted slot loss from the model's values: ``tok_lp`` (B, N) log p(y_i | l) at each target token's slot,
+    ``eos_lp`` (B, S) log p(eos | l), ``mean_lp`` (B, S) the mean of log p(c | l) over the vocabulary (None: no
+    smoothing), ``loc`` (B, S) log p(l); ``spans``: :func:`slot_spans` of ``keep``, the slots clamped to S - 1."""
+    B, S = loc.shape
+    N = tok_lp.size(1)
+    slot, start, end = spans
+    k = keep.sum(1)  # (B,) canvas lengths
+    slots = L.slot_mask(TORCH, k, S)  # (B, S)
+    eos_nll = -(eos_lp + loc)  # (B, S)
+    # -(1/V) sum_c log p(c, l): a full pass over (B, S, V), so only when smoothing is on
+    smooth = -(mean_lp + loc) if mean_lp is not None else None  # (B, S)
+    valid = torch.arange(N, device=keep.device).unsqueeze(0) < target_lengths.unsqueeze(1)
+    missing = valid & ~keep  # (B, N)
     w = slot_weights(start, end, order, tau) * missing  # (B, N)
     # -log p(y_i, l) at every missing token, l = its slot
-    tok_lp = content_lprobs.reshape(B, S * V).gather(1, slot * V + target.clamp(0, V - 1)).float()
     tok_nll = -(tok_lp + loc.gather(1, slot))  # (B, N)
     tok_nll = torch.where(missing, tok_nll, torch.zeros_like(tok_nll))
     slot_nll = loc.new_zeros(B, S).scatter_add_(1, slot, w * tok_nll)  # (B, S)

@@ -13,6 +13,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from . import canvas as C
 from . import loop as L
 from .decoding import TORCH
+from .pass_decoder import OPTION as CACHED_DECODER
+from .pass_decoder import framed_levels
 
 
 @dataclass
@@ -84,6 +86,8 @@ class InsertionLoss(FairseqCriterion):
         framed = L.frame(TORCH, canvas, k, self.bos, self.eos, self.pad)  # (R B, K+2)
 
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+        if getattr(model.decoder, "fractional", None) is not None:
+            return self._trajectory(model, sample, src_tokens, src_lengths, y, lengths, reduce)
         net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)  # one encoder pass, R canvases
         content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (R B, K+1, V), (R B, K+1)
         loss, nll = C.insertion_loss(content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos,
@@ -91,6 +95,36 @@ class InsertionLoss(FairseqCriterion):
         fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(), torch.ones_like(k, dtype=torch.float))
         if R > 1:  # a sentence's loss is the mean over its R canvases: (R B,) -> (B,)
             loss, nll, fill = (x.view(R, B).mean(0) for x in (loss, nll, fill))
+        logging_output = {"loss": loss.sum().data, "nll_loss": nll.sum().data, "fill": fill.sum().data,
+                          "ntokens": sample["ntokens"], "nsentences": B, "sample_size": B}
+        return (loss.sum() if reduce else loss), B, logging_output
+
+    def _trajectory(self, model, sample, src_tokens, src_lengths, y, lengths, reduce: bool):
+        """The cached decoder's loss: one decoder pass over each whole target under the pass mask gives the slots of
+        every pass of its balanced-tree decode (:mod:`fairseq_insertion.pass_decoder`); a sentence's loss is the mean
+        of its passes' slot losses."""
+        if self.order == "left_to_right" or self.tree_canvas_prob > 0 or self.canvases_per_sentence > 1:
+            raise ValueError(f"{CACHED_DECODER} trains on every pass of the balanced-tree order at once: train with "
+                             "--order binary_tree or uniform, without --tree-canvas-prob and --canvases-per-sentence")
+        B, N = y.shape
+        framed = L.frame(TORCH, y, lengths, self.bos, self.eos, self.pad)  # (B, N+2)
+        out = model(src_tokens, src_lengths, framed, levels=framed_levels(lengths, N), target_lengths=lengths)
+        slots = out.slots  # R rows: each one pass's canvas of one sentence
+        location = out.location.float().masked_fill(~slots.real, float("-inf")).log_softmax(-1)  # (R, S)
+        content = out.content.float().log_softmax(-1)  # (M, V)
+        target, n = y[slots.sentence], lengths[slots.sentence]  # (R, N), (R,)
+        rows, rows_nll = C.flat_insertion_loss(content, slots.real, location, target, n,
+                                               slots.keep, self.order, self.termination, self.eos, self.tau,
+                                               self.eps)  # (R,) each
+        k = slots.keep.sum(1).float()  # (R,)
+        fill = torch.where(lengths[slots.sentence] > 0, k / lengths[slots.sentence].clamp(min=1).float(),
+                           torch.ones_like(k))
+        passes = lengths.new_zeros(B).scatter_add_(0, slots.sentence, torch.ones_like(slots.sentence)).float()
+
+        def mean(x):  # (R,) -> (B,) each sentence's mean over its passes
+            return x.new_zeros(B).scatter_add_(0, slots.sentence, x) / passes
+
+        loss, nll, fill = mean(rows), mean(rows_nll), mean(fill)
         logging_output = {"loss": loss.sum().data, "nll_loss": nll.sum().data, "fill": fill.sum().data,
                           "ntokens": sample["ntokens"], "nsentences": B, "sample_size": B}
         return (loss.sum() if reduce else loss), B, logging_output

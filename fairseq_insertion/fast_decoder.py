@@ -139,16 +139,26 @@ def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[T
                                                             attn.head_dim).permute(2, 3, 1, 4, 0, 5).contiguous()
         keys, values = list(kv[:, 0].unbind(0)), list(kv[:, 1].unbind(0))
     else:
-        for layer in decoder.layers:
-            attn = layer.encoder_attn
-            for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
-                x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
-                out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
+        keys, values = encoder_keys_values_per_layer(decoder, enc)
     positions = None
     if decoder.embed_positions is not None:  # fairseq's make_positions numbers the real tokens 1, 2, ...
         positions = decoder.embed_positions(enc.new_full((1, decoder.max_positions()), decoder.dictionary.bos(),
                                                          dtype=torch.long))  # (1, P, C)
     return EncoderCache(None, keys, values, source_keep, positions, fused)
+
+
+def encoder_keys_values_per_layer(decoder: TransformerDecoderBase, enc: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
+    """Each decoder layer's encoder-attention keys and values of the encoder states ``enc`` (S_src, B, C), projection
+    by projection: (B, heads, S_src, head dim) each."""
+    keys: List[Tensor] = []
+    values: List[Tensor] = []
+    S_src, B, _ = enc.shape
+    for layer in decoder.layers:
+        attn = layer.encoder_attn
+        for proj, out in ((attn.k_proj, keys), (attn.v_proj, values)):
+            x = proj(enc).view(S_src, B, attn.num_heads, attn.head_dim)
+            out.append(x.permute(1, 2, 0, 3).contiguous())  # (B, heads, S_src, head dim)
+    return keys, values
 
 
 def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: EncoderCache) -> Tensor:

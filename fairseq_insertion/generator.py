@@ -20,6 +20,7 @@ from . import slots as S
 from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
 from .decoding import TORCH, InitialCanvas, WordEdges, constraint_canvas, first_occurrence, order_segments
 from .loop import Canvases
+from .pass_decoder import OPTION as CACHED_DECODER
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +51,22 @@ class ModelBackend:
     stats: Dict[str, int]  # its count of vocabulary rows scored ("vocabulary_rows")
     closure_beta: Optional[float] = None  # the EOS penalty of the model's slot-closure head; None: it has none
     lookahead_beta: Optional[float] = None  # the EOS penalty of its look-ahead closure; None: it has none
+    incremental: bool = False  # the model keeps the canvas tokens' states between passes (the cached decoder)
     xp: Any = TORCH
 
-    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int) -> L.SlotChoice:
+    def score_slots(self, cache: Any, framed: Tensor, open_: Tensor, inputs: L.SlotInputs, k: int,
+                    fresh: Optional[Tensor] = None) -> L.SlotChoice:
         """Only the open slots are projected onto the vocabulary, and only the log-normaliser (logsumexp) of each
         is computed: no (A, S, V) log-softmax."""
         may = None if self.closure_beta is None else S.may_close(inputs, open_, self.closure_beta, k)  # (N,)
-        p = self.model.decode_slots(framed, cache, open_, may)  # (N', V), (A, S)
+        p = self.model.decode_slots(framed, cache, open_, may, fresh)  # (N', V), (A, S)
         self.stats["vocabulary_rows"] += p.content.shape[0]
         if p.closed is None:
             c = L.SlotChoice(*S.choose(self.slot_rule, p.content, inputs, k), p.location)
         else:
             chosen = S.choose(self.slot_rule, p.content, S.left_open(inputs, ~p.closed), k)  # (N', k) (N', k) (N', 1)
             c = L.SlotChoice(*S.closing(p.closed, p.close_log_probs, inputs.eos_penalty, self.eos, chosen), p.location)
+        c = c if p.cache is None else c._replace(memory=p.cache)
         ahead = None if p.states is None else S.may_close(inputs, open_, self.lookahead_beta, k)  # (N,)
         if ahead is None:
             return c
@@ -131,6 +135,9 @@ class InsertionGenerator:
             raise NotImplementedError("insertion decoding does not support --prefix-size")
         constraints = sample.get("constraints") if constraints is None else constraints
         cfg, model = self.config, models[0]
+        if constraints is not None and getattr(model, "incremental", False):
+            raise DecodingError(f"constraints: a model trained with {CACHED_DECODER} starts from the empty canvas "
+                                "(its tokens' positions come from their insertions); decode without constraints")
         if model.training:  # fairseq's CLIs and the hub already put it in eval mode
             model.eval()
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
@@ -155,7 +162,7 @@ class InsertionGenerator:
         beta = lambda name: None if getattr(model.decoder, name, None) is None \
             else float(getattr(model.decoder, name).eos_penalty)  # noqa: E731  the optional heads'
         return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
-                            beta("closure"), beta("lookahead"))
+                            beta("closure"), beta("lookahead"), bool(getattr(model, "incremental", False)))
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
         """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or

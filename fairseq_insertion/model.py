@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from fairseq import hub_utils
@@ -45,6 +45,18 @@ from .config import TERMINATIONS
 from .fairseq_fixes import command_line_checkpoints, local_model_dir
 from .fast_decoder import EncoderCache, FusedProjections, cached_slot_states, encoder_cache, fused_projections
 from .hub_interface import InsertionHubInterface
+from .pass_decoder import OPTION as CACHED_DECODER
+from .pass_decoder import (
+    FractionalPositions,
+    PassCache,
+    TrajectorySlots,
+    check_layers,
+    pass_states,
+    slot_pairs,
+    start_cache,
+    trajectory_slots,
+    trajectory_states,
+)
 from .weights import location_logits, slot_head, slot_states
 
 logger = logging.getLogger(__name__)
@@ -171,6 +183,15 @@ class SlotPass(NamedTuple):
     closed: Optional[Tensor] = None  # (N,) the open slots the closure head closed; None: no head applied
     close_log_probs: Optional[Tensor] = None  # (N,) the head's log-probability that each open slot closes
     states: Optional[Tensor] = None  # (N, C) the open slots' states, for the look-ahead closure (None: no look-ahead)
+    cache: Optional[PassCache] = None  # the cached decoder's cache after the pass; None: no cached decoder
+
+
+class TrajectoryOutput(NamedTuple):
+    """The cached decoder's training output (:meth:`InsertionDecoder.forward` with ``levels``): every pass's slots."""
+
+    content: Tensor  # (M, V) raw content scores of the real slots, row-major
+    location: Tensor  # (R, S) location logits
+    slots: TrajectorySlots  # the rows: each one pass's canvas of one sentence
 
 
 class InsertionDecoder(TransformerDecoderBase):
@@ -188,6 +209,7 @@ class InsertionDecoder(TransformerDecoderBase):
         self.head: Optional[SlotHead] = None
         self.closure: Optional[SlotClosure] = None  # optional: python -m examples.train_closure
         self.lookahead: Optional[LookAhead] = None  # optional, the same command
+        self.fractional: Optional[FractionalPositions] = None  # --cached-decoder (pass_decoder.py)
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
         """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
@@ -201,13 +223,26 @@ class InsertionDecoder(TransformerDecoderBase):
         return slot_states(x, slot_head(self))  # (B, T+1, C)
 
     def forward(  # type: ignore[override]
-        self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None, **kwargs
+        self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        levels: Optional[Tensor] = None, target_lengths: Optional[Tensor] = None, **kwargs
     ) -> Tuple[Tensor, Tensor]:
         """prev_output_tokens: framed canvas (B, T+2).
 
         Returns content scores (B, T+1, V) and location logits (B, T+1) in fp32;
         padding slots are masked by :meth:`InsertionTransformerModel.slot_log_probs`.
+        The cached decoder (``--cached-decoder``) in training: prev_output_tokens is the framed target, ``levels``
+        (B, T+2) the pass that inserts each column (:func:`~fairseq_insertion.pass_decoder.framed_levels`),
+        ``target_lengths`` (B,); returns every pass's slots (:class:`TrajectoryOutput`).
         """
+        if self.fractional is not None:
+            if levels is None or target_lengths is None:
+                raise ValueError(f"{CACHED_DECODER}: the decoder trains on whole targets with their levels "
+                                 "(--criterion insertion_loss)")
+            states = trajectory_states(self, prev_output_tokens, levels, target_lengths, encoder_out)  # (B, T+2, C)
+            slots = trajectory_slots(levels, target_lengths)
+            H = slot_head(self).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
+            content, location = self.head(H, slots.real, self.output_layer, slots.real)  # (M, V), (R, S)
+            return TrajectoryOutput(content, location, slots)  # type: ignore[return-value]
         H = self.slot_states(prev_output_tokens, encoder_out)
         return self.head(H, prev_output_tokens[:, 1:].ne(self.padding_idx), self.output_layer)
 
@@ -252,6 +287,11 @@ class InsertionTransformerModel(TransformerModel):
                                  "p(l) is uniform (location query 0), so each slot scores its content with the "
                                  "teacher's next-token predictor; random: Xavier slot projection and random "
                                  "location query, as without a warm start")
+        parser.add_argument("--cached-decoder", action="store_true", default=None,
+                            help="each token's decoder states computed once and kept between passes: fractional "
+                                 "positions (bos's and eos's learned, an inserted token's from its neighbours') "
+                                 "and attention to the tokens of one's own pass or earlier; trained on every pass "
+                                 "of the balanced-tree order at once")
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -285,6 +325,10 @@ class InsertionTransformerModel(TransformerModel):
         termination = str(args.termination)
         if termination not in TERMINATIONS:
             raise ValueError(f"--termination must be one of {TERMINATIONS}, got {termination!r}")
+        if args.cached_decoder:
+            check_layers(dec)
+            dec.embed_positions = None  # no absolute positions: they would change as tokens are inserted
+            dec.fractional = FractionalPositions(dec.embed_dim)
         model.termination = termination
         model.dictionary_files = dictionary_files(getattr(task, "cfg", None))
         return model
@@ -312,9 +356,15 @@ class InsertionTransformerModel(TransformerModel):
         return InsertionHubInterface(x["args"], x["task"], x["models"])
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, canvases_per_sentence: int = 1,
+                levels: Optional[Tensor] = None, target_lengths: Optional[Tensor] = None,
                 **kwargs):  # type: ignore[override]
         """src_tokens: (B, T_src); prev_output_tokens: framed canvases (K B, T+2), canvas ``j`` of
-        sentence ``b`` in row ``j B + b``. The encoder runs once; its output is repeated K times."""
+        sentence ``b`` in row ``j B + b``. The encoder runs once; its output is repeated K times.
+        ``levels``, ``target_lengths``: the cached decoder's training (:meth:`InsertionDecoder.forward`)."""
+        if levels is not None:
+            encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+            return self.decoder(prev_output_tokens, encoder_out=encoder_out, levels=levels,
+                                target_lengths=target_lengths)
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         if canvases_per_sentence > 1:
             order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat(canvases_per_sentence)
@@ -333,26 +383,44 @@ class InsertionTransformerModel(TransformerModel):
         return content.float().log_softmax(-1), location
 
     # decoding (fairseq_insertion.generator): the encoder runs once, every pass reuses its keys/values
-    def decoding_cache(self, encoder_out: Dict[str, List[Tensor]]) -> EncoderCache:
+    def decoding_cache(self, encoder_out: Dict[str, List[Tensor]]) -> Union[EncoderCache, PassCache]:
         self._fused_projections = fused_projections(self.decoder, self._fused_projections)
-        return encoder_cache(self.decoder, encoder_out, self._fused_projections)
+        cache = encoder_cache(self.decoder, encoder_out, self._fused_projections)
+        if self.decoder.fractional is None:
+            return cache
+        d = self.decoder.dictionary
+        return start_cache(self.decoder, cache, encoder_out["encoder_out"][0].size(1), d.bos(), d.eos())
 
-    def reorder_decoding_cache(self, cache: EncoderCache, order: Tensor) -> EncoderCache:
+    @property
+    def incremental(self) -> bool:
+        """Whether decoding keeps the canvas tokens' states between passes (the cached decoder)."""
+        return self.decoder.fractional is not None
+
+    def reorder_decoding_cache(self, cache: Union[EncoderCache, PassCache], order: Tensor
+                               ) -> Union[EncoderCache, PassCache]:
         """Keep the sentences ``order`` (A,) of the cache, in that order."""
+        if isinstance(cache, PassCache):
+            return cache.select(order)
         if cache.encoder_out is not None:
             return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
         return cache.select(order)
 
-    def decode_slots(self, framed: Tensor, cache: EncoderCache, select: Tensor,
-                     may_close: Optional[Tensor] = None) -> SlotPass:
+    def decode_slots(self, framed: Tensor, cache: Union[EncoderCache, PassCache], select: Tensor,
+                     may_close: Optional[Tensor] = None, fresh: Optional[Tensor] = None) -> SlotPass:
         """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
         canvas has no padding); select: (A, S) the slots that may receive a token (real and open);
-        may_close (N,): the selected slots the closure head may close (None: the head is not used).
+        may_close (N,): the selected slots the closure head may close (None: the head is not used);
+        fresh (A, S+1): the cached decoder's, the canvas columns not in its cache yet (None: none).
 
         Returns the content log-scores (fp32, unnormalised: their softmax over the vocabulary is
         p(c | l)) of the selected slots the head left open, and log p(l) (A, S) in fp32.
         """
-        H = cached_slot_states(self.decoder, framed, cache)  # (A, S, C)
+        passed = None
+        if isinstance(cache, PassCache):
+            x, passed = pass_states(self.decoder, framed, framed.eq(-1) if fresh is None else fresh, cache)
+            H = self.decoder.pair_slots(x)  # (A, S, C)
+        else:
+            H = cached_slot_states(self.decoder, framed, cache)  # (A, S, C)
         real = framed[:, 1:].ne(self.decoder.padding_idx)  # (A, S)
         closed = close_log_probs = None
         states = H[select] if self.decoder.lookahead is not None else None  # (N, C)
@@ -363,7 +431,7 @@ class InsertionTransformerModel(TransformerModel):
             select = select.masked_scatter(select, ~closed)  # (A, S) the open slots the head left open
         content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
         return SlotPass(content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1), closed,
-                        close_log_probs, states)
+                        close_log_probs, states, passed)
 
     def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()
@@ -403,7 +471,8 @@ def _defaults(args, **values) -> None:
 @register_model_architecture(MODEL_NAME, "insertion_transformer")
 def base_architecture(args) -> None:
     """The paper's transformer_base: 6+6 layers, 512, 8 heads, FFN 2048."""
-    _defaults(args, content_location="factorized", context_bias=False, mixture_components=1, termination="slot")
+    _defaults(args, content_location="factorized", context_bias=False, mixture_components=1, termination="slot",
+              cached_decoder=False)
     # not given: decided when the model is built (decoder_embeddings_shared), kept None through fairseq's defaults
     args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", None) or None
     transformer_base_architecture(args)

@@ -89,7 +89,7 @@ class OracleModel:
     def reorder_decoding_cache(self, cache, order):
         return self.encoder.reorder_encoder_out(cache, order)
 
-    def decode_slots(self, framed, cache, select, may_close=None):
+    def decode_slots(self, framed, cache, select, may_close=None, fresh=None):
         content, location = self.slot_log_probs(self.decoder(framed, encoder_out=cache), framed)
         return SlotPass(content[select], location)
 

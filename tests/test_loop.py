@@ -30,7 +30,9 @@ class Oracle:
     def __init__(self, xp, wrap, targets: List[List[int]]):
         self.xp, self.wrap, self.targets = xp, wrap, targets
 
-    def score_slots(self, rows, framed, open_, inputs, k: int) -> L.SlotChoice:
+    incremental = False
+
+    def score_slots(self, rows, framed, open_, inputs, k: int, fresh=None) -> L.SlotChoice:
         """``rows``: the memory, each active canvas's target."""
         tokens = []
         for a, row in enumerate(np.asarray(rows).tolist()):
@@ -156,7 +158,7 @@ def test_predict_scores_the_open_slots(backend):
     seen = {}
 
     class Scorer:
-        def score_slots(self, memory, framed, open_, inputs, k):
+        def score_slots(self, memory, framed, open_, inputs, k, fresh=None):
             seen.update(framed=np.asarray(framed), open=np.asarray(open_), blocked=np.asarray(inputs.blocked), k=k)
             n = int(np.asarray(open_).sum())
             return L.SlotChoice(wrap(np.arange(10, 10 + n, dtype=np.int64)[:, None]),
@@ -165,7 +167,7 @@ def test_predict_scores_the_open_slots(backend):
 
     scorer = Scorer()
     scorer.xp = xp
-    p = L.predict(scorer, state, None, bounds)
+    p, _ = L.predict(scorer, state, None, bounds)
     assert seen["k"] == 1
     assert seen["framed"].tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
     assert seen["open"].tolist() == [[True, True, True], [True, True, False]]

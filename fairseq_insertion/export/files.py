@@ -48,11 +48,13 @@ def check_exportable(model: nn.Module) -> None:
         unsupported.append("--context-bias")
     if getattr(model.decoder, "adaptive_softmax", None) is not None:
         unsupported.append("--adaptive-softmax-cutoff")
+    if getattr(model.decoder, "fractional", None) is not None:  # its pass would take and return the caches
+        unsupported.append("--cached-decoder")
     model.eval()
     unsupported += uncovered(model.decoder)
     if unsupported:
-        raise ExportError("the export covers the factorized slot head of plain pre- or post-norm Transformer layers; "
-                          "this model has " + ", ".join(unsupported))
+        raise ExportError("the export covers the factorized slot head of plain pre- or post-norm Transformer layers "
+                          "that re-read the canvas each pass; this model has " + ", ".join(unsupported))
 
 
 def load(path: Path, data: Path) -> Tuple[nn.Module, object]:

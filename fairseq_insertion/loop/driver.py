@@ -26,16 +26,23 @@ class SlotChoice(NamedTuple):
     location: Array  # (A, S) log p(l) of every slot, -inf at padding
     ends: Optional[Array] = None  # (N,) the look-ahead closure: the next pass closes every slot this one leaves
     end_log_probs: Optional[Array] = None  # (N,) its log-probability of that; None (both): no look-ahead
+    memory: Any = None  # an incremental backend's memory after the pass (the new tokens' states); None: unchanged
 
 
 class Backend(Protocol):
-    """The model's side of the loop: its arrays (:class:`~fairseq_insertion.loop.ops.Ops`) and three calls."""
+    """The model's side of the loop: its arrays (:class:`~fairseq_insertion.loop.ops.Ops`) and three calls.
+    ``incremental``: the memory keeps the canvas tokens' states between passes, and a pass reads the ``fresh``
+    tokens alone (those inserted since the last pass, or on the canvas at the start)."""
 
     xp: Ops
+    incremental: bool
 
-    def score_slots(self, memory: Any, framed: Array, open_: Array, inputs: SlotInputs, k: int) -> SlotChoice:
+    def score_slots(self, memory: Any, framed: Array, open_: Array, inputs: SlotInputs, k: int,
+                    fresh: Optional[Array] = None) -> SlotChoice:
         """One pass of the model over the canvases ``framed`` (A, S + 1) of the sentences whose encoder side is
-        ``memory``: the slot rule's k best tokens of each open slot (``open_`` (A, S)) given its ``inputs``."""
+        ``memory``: the slot rule's k best tokens of each open slot (``open_`` (A, S)) given its ``inputs``.
+        ``fresh`` (A, S + 1): an incremental backend's, the columns not yet in its memory (None: otherwise);
+        its new memory is returned in :attr:`SlotChoice.memory`."""
 
     def reorder(self, memory: Any, keep: Array) -> Any:
         """The memory of the rows ``keep`` (N,), in that order."""
@@ -45,16 +52,18 @@ class Backend(Protocol):
         the end), sentence b's at rows b n ... b n + n - 1; None without a scorer."""
 
 
-def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> SlotScores:
+def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> Tuple[SlotScores, Any]:
     """One pass's :class:`SlotScores`: the framed canvases, their open slots, the slots' inputs to the slot rule
-    (:func:`slot_inputs`), the backend's :meth:`Backend.score_slots` and :func:`slot_scores`."""
+    (:func:`slot_inputs`), the backend's :meth:`Backend.score_slots` and :func:`slot_scores`; and the memory after
+    the pass."""
     xp, o = backend.xp, bounds.options
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (A, K + 2)
     open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
     inputs = slot_inputs(xp, state, framed, open_, bounds)
-    c = backend.score_slots(memory, framed, open_, inputs, 1)  # (N, 1) each, (A, S)
+    fresh = None if state.fresh is None else frame(xp, xp.long(state.fresh), state.lengths, 0, 0, 0) == 1
+    c = backend.score_slots(memory, framed, open_, inputs, 1, fresh)  # (N, 1) each, (A, S)
     return slot_scores(xp, open_, c.tokens[:, 0], c.log_probs[:, 0], c.eos_log_probs[:, 0], c.location, o.eos,
-                       bounds.sequence, c.ends, c.end_log_probs)
+                       bounds.sequence, c.ends, c.end_log_probs), memory if c.memory is None else c.memory
 
 
 def first_tokens(backend: Backend, memory: Any, batch: int, k: int, options: DecodeOptions, like: Array,
@@ -77,11 +86,12 @@ class Pass(NamedTuple):
     keep: Array  # (A,)
     n_keep: int
     kept_width: int  # the longest kept canvas
-    positions: int  # the pass's framed canvas positions, unpadded
+    positions: int  # the decoder positions the pass ran, unpadded: the framed canvases' (incremental: the fresh tokens)
 
 
 class Work(NamedTuple):
-    """What a decode ran: batched decoder passes, passes of one sentence, framed canvas positions (unpadded)."""
+    """What a decode ran: batched decoder passes, passes of one sentence, decoder positions (unpadded: each pass's
+    framed canvases; an incremental backend's fresh tokens, and bos and eos once a sentence)."""
 
     passes: int = 0
     sentence_passes: int = 0
@@ -113,7 +123,7 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
-        scores = predict(backend, state, memory, bounds)
+        scores, memory = predict(backend, state, memory, bounds)
         left = state.max_len - state.lengths  # (A,)
         choice = bounds.rule(scores, left.clip(max=bounds.max_per_pass) if bounds.max_per_pass else left)
         after = step(xp, state, scores, choice, max_iter, bounds)
@@ -141,8 +151,8 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
     final_eos = scores.final_eos
     if scores.ends is not None and bounds.look_ahead and state.given is None:
         keep, final_eos = _look_ahead(xp, scores, choice, keep, new_len, bounds)
-    width, n_keep, kept_width, lengths = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(),
-                                                 state.lengths.sum())
+    ran = state.lengths.sum() + 2 * len(state.lengths) if state.fresh is None else state.fresh.sum()
+    width, n_keep, kept_width, positions = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(), ran)
     K = state.tokens.shape[1]
     dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
     closed_before, closed_end = state.closed_before, state.closed_end
@@ -156,9 +166,9 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
         scores=place(xp, dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
         closed_before=None if closed_before is None else place(xp, dest, closed_before, none, width, False),
         given=None if state.given is None else place(xp, dest, state.given, none, width, False),
+        fresh=None if state.fresh is None else place(xp, dest, state.fresh & False, choice.mask, width, False),
         closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=final_eos)
-    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width,
-                positions=lengths + 2 * len(state.lengths))
+    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width, positions=positions)
 
 
 def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, new_len: Array, bounds: Bounds
@@ -218,7 +228,7 @@ class Decoded(NamedTuple):
     order: Array  # (B, n) each sentence's candidates, best first (indices within the sentence)
     passes: int  # forward passes, the first insertions' included
     sentence_passes: int = 0  # passes of one sentence (a batched pass counts its rows), the first insertions' included
-    positions: int = 0  # framed canvas positions the passes ran the decoder over, unpadded
+    positions: int = 0  # decoder positions the passes ran, unpadded (:class:`Work`)
 
 
 Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained decode's tokens, its lengths)
@@ -238,11 +248,12 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     xp, config, pad = backend.xp, options.config, options.pad
     B, betas, K = max_len.shape[0], config.betas, config.first_insertions
     n = config.candidates
-    first_scores, work = None, Work()
+    # an incremental backend's memory starts with bos's and eos's states, the first insertions' pass runs no token
+    first_scores, work = None, Work(positions=2 * B if backend.incremental else 0)
     if K > 1:
         tokens, log_probs = first_tokens(backend, memory, B, K, options, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
-        work = Work(1, B, 2 * B)
+        work = work + Work(1, B, 0 if backend.incremental else 2 * B)
     if n > 1:
         sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
         memory, start, max_len = backend.reorder(memory, sentence), start.take(start_row), max_len[sentence]
@@ -255,11 +266,11 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     if arrange is not None and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)
         unconstrained, more = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
-                                                    shortlist=shortlist), memory, bounds)
+                                                    shortlist=shortlist, fresh=backend.incremental), memory, bounds)
         start = arrange(start, unconstrained.tokens, unconstrained.lengths)
         work = work + more
     state = start_state(xp, start, max_len, eos_penalty, given and options.joins_next is not None,
-                        bounds.close_ended or given, first_scores, record is not None, shortlist)
+                        bounds.close_ended or given, first_scores, record is not None, shortlist, backend.incremental)
     out, more = run(backend, state, memory, bounds, record)
     work = work + more
     real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
@@ -274,7 +285,7 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
 
 def new_stats() -> Dict[str, int]:
     """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched decoder
-    passes (the encoder not counted), passes of one sentence, the framed canvas positions the decoder ran over
+    passes (the encoder not counted), passes of one sentence, the decoder positions the passes ran (:class:`Work`)
     (unpadded), iterations (steps that inserted a token), floor(log2 n)+1 of each output's length n (the paper's
     bound on a parallel decode's iterations) and output tokens, summed over sentences."""
     return dict.fromkeys(("sentences", "batches", "passes", "sentence_passes", "positions", "iterations",

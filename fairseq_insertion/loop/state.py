@@ -28,6 +28,7 @@ class Canvases(NamedTuple):
     eos_penalty: Optional[Array] = None  # (A,) beta of each row (several per sentence with eos_penalties)
     given: Optional[Array] = None  # (A, K) the constraint tokens, when their word edges are kept
     shortlist: Optional[Array] = None  # (A, L) the tokens its slots may receive (slots.shortlist_rows); None: all
+    fresh: Optional[Array] = None  # (A, K) tokens an incremental backend has not read yet; None: not incremental
     history: Optional[List[List[Any]]] = None  # per batch row, every canvas it went through
 
     def take(self, idx: Array) -> "Canvases":
@@ -59,7 +60,7 @@ class Canvases(NamedTuple):
 
 
 _ROW_FIELDS = tuple(f for f in Canvases._fields if f != "history")
-_TOKEN_FIELDS = ("tokens", "scores", "closed_before", "given")
+_TOKEN_FIELDS = ("tokens", "scores", "closed_before", "given", "fresh")
 
 
 class SlotScores(NamedTuple):
@@ -107,19 +108,22 @@ def slot_scores(xp: Ops, open_: Array, tokens: Array, log_probs: Array, eos_log_
 
 
 def start_state(xp: Ops, start: Start, max_len: Array, eos_penalty: Optional[Array], given: bool, closes: bool,
-                first_scores: Optional[Array] = None, history: bool = False, shortlist: Optional[Array] = None
-                ) -> Canvases:
+                first_scores: Optional[Array] = None, history: bool = False, shortlist: Optional[Array] = None,
+                fresh: bool = False) -> Canvases:
     """The state before the first pass from each row's ``start``. ``given``: its tokens are constraints whose
     word edges are kept; ``closes``: slots can close (constraints on the canvas, or close-ended slots), else
     the state carries no closed slots; ``first_scores`` (R, 1): the tokens are first insertions
     (:func:`first_insertions`) with these scores, inserted by one iteration; ``history``: keep every canvas;
-    ``shortlist`` (R, L): each row's (:func:`fairseq_insertion.slots.shortlist_rows`)."""
+    ``shortlist`` (R, L): each row's (:func:`fairseq_insertion.slots.shortlist_rows`); ``fresh``: keep which tokens an
+    incremental backend has not read (at the start, every one)."""
     R, K = start.tokens.shape
     zeros = xp.asarray(np.zeros((R, K + 1), np.float32), like=start.lengths)  # (R, K + 1)
+    real = xp.arange(K, like=start.lengths)[None, :] < start.lengths[:, None]  # (R, K)
     return Canvases(rows=xp.arange(R, like=start.lengths), tokens=start.tokens,
                     scores=zeros[:, :K] if first_scores is None else first_scores,
                     closed_before=start.closed_before if closes else None, closed_end=start.closed_end,
                     lengths=start.lengths + 0, iterations=start.lengths * (0 if first_scores is None else 1),
                     final_eos=zeros[:, K] + 0, max_len=max_len, eos_penalty=eos_penalty,
-                    given=xp.arange(K, like=start.lengths)[None, :] < start.lengths[:, None] if given else None,
-                    history=[[] for _ in range(R)] if history else None, shortlist=shortlist)
+                    given=real if given else None,
+                    history=[[] for _ in range(R)] if history else None, shortlist=shortlist,
+                    fresh=real if fresh else None)

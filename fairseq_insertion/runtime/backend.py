@@ -74,9 +74,10 @@ class OnnxBackend:
     eos: int
     pad: int
     xp: Any = L.NUMPY
+    incremental: bool = False
 
-    def score_slots(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, k: int
-                    ) -> L.SlotChoice:
+    def score_slots(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, k: int,
+                    fresh: None = None) -> L.SlotChoice:
         """The longer and the shorter canvases apart where that saves enough padding (:func:`width_groups`)."""
         lengths = (framed != self.pad).sum(1) - 2  # (A,)
         groups = width_groups(lengths)

@@ -1,0 +1,319 @@
+"""The cached decoder (``--cached-decoder``): an insertion decoder whose every token's states are computed once, in
+the pass after its insertion, and kept between passes.
+
+Fractional positions and attention by pass (Zhang, Zhang and Dolan, "Towards More Efficient Insertion Transformer
+with Fractional Positional Encoding", EACL 2023):
+
+* no absolute positions: bos and eos have two learned position vectors, and a token inserted between neighbours
+  l and r gets ``p = ELU(W [p_l; p_r] + b)`` once, at its insertion (:class:`FractionalPositions`), so no token's
+  position changes afterwards;
+* a token attends to the tokens inserted in its own pass or before it (bos and eos first), so its states never
+  change afterwards either: a pass runs the decoder layers over the tokens the last pass inserted alone, against
+  every layer's cached keys and values (:func:`pass_states`, :class:`PassCache`);
+* a slot is scored from its two neighbours' final states, as in the plain decoder.
+
+Training (:func:`trajectory_states`, :func:`trajectory_slots`): the insertion order is the balanced binary tree
+(:func:`fairseq_insertion.canvas.tree_levels`; level d is inserted by pass d), and one decoder pass over the whole
+target under the pass mask gives the states of every pass's canvas, so an update sees every pass of a sentence.
+Same layer code in both: :func:`layers`. Torch; the decoder's modules read by their attributes.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import canvas as C
+from . import loop as L
+from .decoding import TORCH
+from .fast_decoder import EncoderCache, _activation, encoder_keys_values_per_layer, uncovered
+from .weights import Projection, blocks, residual
+
+OPTION = "--cached-decoder"
+BOS_EOS_LEVEL = -1  # bos and eos come before every inserted token
+
+
+class FractionalPositions(nn.Module):
+    """Position vectors: bos's and eos's learned (``ends`` (2, C)), an inserted token's ``ELU(W [p_l; p_r] + b)``
+    from its neighbours' at its insertion (:meth:`between`)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.ends = nn.Parameter(torch.empty(2, dim).normal_(std=0.5))  # p_bos, p_eos
+        self.mix = nn.Linear(2 * dim, dim)  # W, b
+        nn.init.xavier_uniform_(self.mix.weight)
+        nn.init.zeros_(self.mix.bias)
+
+    def between(self, left: Tensor, right: Tensor) -> Tensor:
+        """(.., C) each -> (.., C): the position of a token inserted between these two."""
+        return F.elu(self.mix(torch.cat([left, right], -1)))
+
+
+def check_layers(decoder: nn.Module) -> None:
+    """Refuse, in one line, decoder layers the cached decoder does not run (those of
+    :func:`fairseq_insertion.fast_decoder.uncovered`)."""
+    found = uncovered(decoder)
+    if found:
+        raise ValueError(f"{OPTION} runs plain pre- or post-norm decoder layers with encoder attention; train "
+                         f"without {', '.join(found)}")
+
+
+class EncoderKeysValues(NamedTuple):
+    """Each decoder layer's encoder-attention keys and values (A, heads, S_src, d), and the source mask
+    (A, 1, 1, S_src), True at real tokens (None: none padded)."""
+
+    keys: List[Tensor]
+    values: List[Tensor]
+    source_keep: Optional[Tensor]
+
+
+def encoder_side(decoder: nn.Module, encoder_out: dict) -> EncoderKeysValues:
+    """The encoder-attention keys and values of fairseq's ``encoder_out``, with their gradient (training)."""
+    enc = encoder_out["encoder_out"][0]  # (S_src, B, C)
+    mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+    keys, values = encoder_keys_values_per_layer(decoder, enc)
+    return EncoderKeysValues(keys, values, None if mask is None else ~mask[:, None, None, :])
+
+
+def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
+           past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None
+           ) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+    """The decoder layers over ``x`` (T, A, C) (embedded, positions added): each token attends to the tokens
+    ``keep`` (A, 1, T or 1, M + T) allows of the ``past`` keys and values (per layer (A, heads, M, d) each; None:
+    M = 0) and of its own; the final layer norm and output projection applied. Returns the final states (A, T, C)
+    and each layer's keys and values, past and new (A, heads, M + T, d)."""
+    kv: List[Tuple[Tensor, Tensor]] = []
+    for i, layer in enumerate(decoder.layers):
+        def self_attention(h: Tensor, layer=layer, i=i) -> Tensor:
+            out, k, v = _self_attention(layer.self_attn, h, keep, None if past is None else past[i],
+                                        None if fused is None else fused[i])
+            kv.append((k, v))
+            return out
+
+        sublayers = {"self_attn": self_attention,
+                     "encoder_attn": lambda h, layer=layer, i=i: _attention(
+                         layer.encoder_attn, _heads(layer.encoder_attn, layer.encoder_attn.q_proj(h)),
+                         enc.keys[i], enc.values[i], enc.source_keep, h.shape),
+                     "ffn": lambda h, layer=layer: layer.fc2(layer.activation_dropout_module(
+                         _activation(layer, layer.fc1(h))))}
+        for name, norm in blocks(layer):
+            x = residual(x, sublayers[name], norm, layer.normalize_before,
+                         lambda a, y, layer=layer: layer.dropout_module(y) + a)
+    if decoder.layer_norm is not None:
+        x = decoder.layer_norm(x)
+    x = x.transpose(0, 1)  # (A, T, C)
+    if decoder.project_out_dim is not None:
+        x = decoder.project_out_dim(x)
+    return x, kv
+
+
+def _heads(attn: nn.Module, y: Tensor) -> Tensor:
+    """(T, A, C) -> (A, heads, T, d)."""
+    return y.view(y.size(0), y.size(1), attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
+
+
+def _self_attention(attn: nn.Module, x: Tensor, keep: Tensor, past: Optional[Tuple[Tensor, Tensor]],
+                    qkv: Optional[Projection]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Self-attention of ``x`` (T, A, C) over the ``past`` keys and values and its own. Returns its output
+    (T, A, C) and the keys and values, past and new (A, heads, M + T, d) each."""
+    if qkv is not None:
+        T, A, _ = x.shape
+        q, k, v = F.linear(x, *qkv).view(T, A, 3, attn.num_heads, attn.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+    else:
+        q, k, v = (_heads(attn, p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if past is not None:
+        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+    return _attention(attn, q, k, v, keep, x.shape), k, v
+
+
+def _attention(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], shape: torch.Size
+               ) -> Tensor:
+    """fairseq's ``MultiheadAttention`` as one scaled_dot_product_attention call (its attention dropout in
+    training): q (A, heads, T, d), k and v (A, heads, M, d), keep (A, 1, T or 1, M) -> (T, A, C)."""
+    p = attn.dropout_module.p if attn.training else 0.0
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, scale=attn.scaling)
+    return attn.out_proj(y.permute(2, 0, 1, 3).reshape(shape))
+
+
+def _embed(decoder: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
+    """Tokens (A, T) and their position vectors (A, T, C) -> the first layer's input (T, A, C), as fairseq's
+    ``extract_features`` embeds them."""
+    x = decoder.embed_scale * decoder.embed_tokens(tokens)
+    if decoder.quant_noise is not None:
+        x = decoder.quant_noise(x)
+    if decoder.project_in_dim is not None:
+        x = decoder.project_in_dim(x)
+    x = x + positions.to(x.dtype)
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    return decoder.dropout_module(x).transpose(0, 1)
+
+
+# -------------------------------- Training: the whole target under the pass mask
+def framed_levels(target_lengths: Tensor, max_len: int) -> Tensor:
+    """(B, N + 2) the pass that inserts each position of the framed target ``[bos] y [eos]``: bos and eos -1, y_i
+    its balanced-tree level (:func:`~fairseq_insertion.canvas.tree_levels`), padding N + 1."""
+    real = torch.arange(max_len, device=target_lengths.device).unsqueeze(0) < target_lengths.unsqueeze(1)
+    levels = C.tree_levels(target_lengths, max_len).masked_fill(~real, max_len + 1)  # (B, N)
+    return L.frame(TORCH, levels, target_lengths, BOS_EOS_LEVEL, BOS_EOS_LEVEL, max_len + 1)
+
+
+def _token_levels(levels: Tensor) -> Tensor:
+    """(B, N + 2) framed levels -> (B, N) the target tokens' (eos's column and padding: N + 1)."""
+    tokens = levels[:, 1:-1]
+    return tokens.masked_fill(tokens.lt(0), levels.size(1) - 1)
+
+
+def trajectory_positions(positions: FractionalPositions, levels: Tensor, target_lengths: Tensor) -> Tensor:
+    """(B, N + 2, C) the position vectors of the framed target, pass by pass: each token's from those of its
+    neighbours on the canvas it is inserted into. levels: :func:`framed_levels`, or any order in which the tokens of
+    one pass have tokens of earlier passes (or bos, eos) on both sides."""
+    B, T = levels.shape
+    N = T - 2
+    col = torch.arange(T, device=levels.device).unsqueeze(0)  # (1, T)
+    p_bos, p_eos = positions.ends[0], positions.ends[1]
+    P = torch.where(col.eq(0).unsqueeze(-1), p_bos, torch.zeros_like(p_bos))
+    P = torch.where(col.eq(target_lengths.unsqueeze(1) + 1).unsqueeze(-1), p_eos, P)  # (B, T, C)
+    tokens = _token_levels(levels)  # (B, N)
+    passes = int(tokens.masked_fill(tokens.gt(N), -1).max()) + 1 if tokens.numel() else 0
+    for d in range(passes):  # one step per pass (tree level)
+        _, start, end = C.slot_spans(tokens < d, target_lengths)  # (B, N) each: the span around each new token
+        left, right = start, end + 2  # framed columns of its neighbours on the canvas of levels < d
+        new = positions.between(_rows(P, left), _rows(P, right))  # (B, N, C)
+        at = F.pad(tokens.eq(d), (1, 1)).unsqueeze(-1)  # (B, T, 1)
+        P = torch.where(at, F.pad(new, (0, 0, 1, 1)), P)
+    return P
+
+
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """x (B, T, C), index (B, N) -> (B, N, C)."""
+    return x.gather(1, index.clamp(0, x.size(1) - 1).unsqueeze(-1).expand(-1, -1, x.size(2)))
+
+
+def pass_mask(levels: Tensor, pad_level: int) -> Tensor:
+    """(B, 1, T, T): position i attends to position j when j is inserted in i's pass or before it (bos and eos
+    first), padding never."""
+    return (levels.unsqueeze(1) <= levels.unsqueeze(2)).logical_and(levels.ne(pad_level).unsqueeze(1)).unsqueeze(1)
+
+
+def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target_lengths: Tensor,
+                      encoder_out: dict) -> Tensor:
+    """Final states (B, N + 2, C) of the framed target ``framed`` (B, N + 2) under the pass mask: each position's
+    as the cached decoder computes it in the pass after its insertion."""
+    positions = trajectory_positions(decoder.fractional, levels, target_lengths)  # (B, T, C)
+    x = _embed(decoder, framed, positions)  # (T, B, C)
+    states, _ = layers(decoder, x, pass_mask(levels, framed.size(1) - 1), encoder_side(decoder, encoder_out))
+    return states
+
+
+class TrajectorySlots(NamedTuple):
+    """The canvases of every pass of a batch's trajectories, one row each (R of them)."""
+
+    sentence: Tensor  # (R,) the sentence of each row
+    keep: Tensor  # (R, N) the target positions on the row's canvas (the levels below its pass)
+    left: Tensor  # (R, S) the framed-target column of each slot's left neighbour
+    real: Tensor  # (R, S) the canvas's k + 1 slots
+
+
+def trajectory_slots(levels: Tensor, target_lengths: Tensor) -> TrajectorySlots:
+    """Every pass of each sentence's balanced-tree decode: the canvas before pass t holds the levels below t, for
+    t = 0 .. floor(log2 n) + 1 (the last, the whole target, is where every slot ends). levels: (B, N + 2)."""
+    tokens = _token_levels(levels)  # (B, N)
+    B, N = tokens.shape
+    depth = C.log2_bound(target_lengths)  # (B,)
+    D = C.log2_bound(max(N, 1))
+    t = torch.arange(D + 1, device=levels.device)  # (D + 1,)
+    sentence, pass_ = (t.unsqueeze(0) <= depth.unsqueeze(1)).nonzero(as_tuple=True)  # (R,) each
+    keep = tokens[sentence] < pass_.unsqueeze(1)  # (R, N)
+    columns = torch.arange(1, N + 1, device=levels.device).unsqueeze(0).expand_as(keep)  # framed columns of y
+    canvas, k = L.gather_canvas(TORCH, columns, keep, 0)  # (R, K), (R,)
+    left = F.pad(canvas, (1, 0))  # (R, K + 1) slot l lies right of column left[l] (bos: 0)
+    return TrajectorySlots(sentence, keep, left, L.slot_mask(TORCH, k, canvas.size(1) + 1))
+
+
+def slot_pairs(states: Tensor, slots: TrajectorySlots, target_lengths: Tensor) -> Tensor:
+    """The neighbours' final states of every slot, concatenated: states (B, N + 2, C) -> (R, S, 2C). A slot's
+    right neighbour is the next canvas token (eos after the last)."""
+    x = states[slots.sentence]  # (R, T, C)
+    eos = (target_lengths[slots.sentence] + 1).unsqueeze(1)  # (R, 1)
+    k = slots.real.sum(1, keepdim=True) - 1  # (R, 1) canvas lengths
+    last = torch.arange(slots.real.size(1), device=k.device).unsqueeze(0) >= k  # (R, S) the last slot and padding
+    right = torch.where(last, eos, F.pad(slots.left[:, 1:], (0, 1)))  # (R, S)
+    return torch.cat([_rows(x, slots.left), _rows(x, right)], -1)
+
+
+# -------------------------------- Decoding: a pass runs the tokens the last pass inserted
+class PassCache(NamedTuple):
+    """What a cached decode keeps between passes, one row per active sentence; M the cached tokens (bos, eos, then
+    each pass's insertions, padded), in cache order, which the canvas order maps to by ``index``."""
+
+    encoder: EncoderCache  # the encoder-attention keys and values (fast_decoder)
+    keys: List[Tensor]  # per layer (A, heads, M, d)
+    values: List[Tensor]  # per layer (A, heads, M, d)
+    positions: Tensor  # (A, M, C) each cached token's position vector
+    states: Tensor  # (A, M, C) its final states
+    real: Tensor  # (A, M) the cached tokens (False: padding)
+    index: Tensor  # (A, T + 2) each column of the last framed canvas -> its cache column (-1: padding)
+
+    def select(self, order: Tensor) -> "PassCache":
+        """The rows ``order`` (A',), in that order."""
+        return PassCache(self.encoder.select(order), [k.index_select(0, order) for k in self.keys],
+                         [v.index_select(0, order) for v in self.values], self.positions.index_select(0, order),
+                         self.states.index_select(0, order), self.real.index_select(0, order),
+                         self.index.index_select(0, order))
+
+
+def _encoder(cache: EncoderCache) -> EncoderKeysValues:
+    return EncoderKeysValues(cache.keys, cache.values, cache.source_keep)
+
+
+def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int, eos: int) -> PassCache:
+    """The cache before the first pass: bos and eos, attending to each other alone."""
+    device = decoder.fractional.ends.device
+    framed = torch.tensor([[bos, eos]], device=device).expand(batch, 2)  # (A, 2)
+    positions = decoder.fractional.ends.unsqueeze(0).expand(batch, 2, -1)  # (A, 2, C)
+    fused = encoder.fused.self_attention if encoder.fused is not None else None
+    states, kv = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
+                        _encoder(encoder), None, fused)
+    return PassCache(encoder, [k for k, _ in kv], [v for _, v in kv], positions, states,
+                     framed.new_ones(batch, 2, dtype=torch.bool), torch.arange(2, device=device).expand(batch, 2))
+
+
+def _compact(mask: Tensor, values: Tensor, width: int, fill) -> Tensor:
+    """The ``values`` (A, T, ...) at ``mask`` (A, T), left-aligned in each row's order: (A, width, ...), ``fill``
+    after."""
+    rank = torch.where(mask, mask.long().cumsum(1) - 1, width)  # (A, T) each one's column; width: dropped
+    out = values.new_full((mask.size(0), width + 1, *values.shape[2:]), fill)
+    index = rank.view(*rank.shape, *([1] * (values.dim() - 2))).expand_as(values)
+    return out.scatter_(1, index, values)[:, :width]
+
+
+def pass_states(decoder: nn.Module, framed: Tensor, fresh: Tensor, cache: PassCache) -> Tuple[Tensor, PassCache]:
+    """One decoding pass: the final states of the framed canvases ``framed`` (A, T + 2), computing those of the
+    ``fresh`` tokens (A, T + 2) (inserted by the last pass; each between two cached ones) and reading the others
+    from ``cache``. Returns the states (A, T + 2, C) and the cache with the fresh tokens added."""
+    A = framed.size(0)
+    real = framed.ne(decoder.padding_idx)  # (A, T + 2)
+    old = real & ~fresh  # (A, T + 2) the cached columns, in the previous canvas's order
+    n_fresh = fresh.sum(1)  # (A,)
+    W = int(n_fresh.max()) if A else 0
+    M = cache.real.size(1)
+    index = torch.full_like(framed, -1).masked_scatter(old, cache.index[cache.index.ge(0)])
+    index = torch.where(fresh, M + fresh.long().cumsum(1) - 1, index)  # (A, T + 2) fresh: appended in canvas order
+    if W == 0:
+        return _rows(cache.states, index), cache._replace(index=index)
+    left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
+    positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
+    tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
+    new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
+    keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
+    fused = cache.encoder.fused.self_attention if cache.encoder.fused is not None else None
+    states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, _encoder(cache.encoder),
+                        list(zip(cache.keys, cache.values)), fused)  # (A, W, C)
+    cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
+                      torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
+                      torch.cat([cache.real, new], 1), index)
+    return _rows(cache.states, index), cache
