@@ -30,7 +30,7 @@ from . import canvas as C
 from . import loop as L
 from .decoding import TORCH
 from .fast_decoder import EncoderCache, _activation, encoder_keys_values_per_layer, uncovered
-from .weights import Projection, blocks, residual
+from .weights import Projection, blocks, residual, slot_head
 
 OPTION = "--cached-decoder"
 BOS_EOS_LEVEL = -1  # bos and eos come before every inserted token
@@ -243,6 +243,28 @@ def slot_pairs(states: Tensor, slots: TrajectorySlots, target_lengths: Tensor) -
     last = torch.arange(slots.real.size(1), device=k.device).unsqueeze(0) >= k  # (R, S) the last slot and padding
     right = torch.where(last, eos, F.pad(slots.left[:, 1:], (0, 1)))  # (R, S)
     return torch.cat([_rows(x, slots.left), _rows(x, right)], -1)
+
+
+class TrajectoryOutput(NamedTuple):
+    """The cached decoder's training output (:func:`trajectory_output`): every pass's slots."""
+
+    content: Tensor  # (M, V) raw content scores of the real slots, row-major
+    location: Tensor  # (R, S) location logits
+    slots: TrajectorySlots  # the rows: each one pass's canvas of one sentence
+
+
+def trajectory_output(decoder: nn.Module, framed: Tensor, levels: Optional[Tensor], target_lengths: Optional[Tensor],
+                      encoder_out: dict) -> TrajectoryOutput:
+    """The scores of every slot of every pass of the framed targets ``framed`` (B, N + 2): the decoder's forward
+    in training. levels: :func:`framed_levels`; target_lengths (B,)."""
+    if levels is None or target_lengths is None:
+        raise ValueError(f"{OPTION}: the decoder trains on whole targets with their levels (--criterion "
+                         "insertion_loss)")
+    states = trajectory_states(decoder, framed, levels, target_lengths, encoder_out)  # (B, N + 2, C)
+    slots = trajectory_slots(levels, target_lengths)
+    H = slot_head(decoder).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
+    content, location = decoder.head(H, slots.real, decoder.output_layer, slots.real)  # (M, V), (R, S)
+    return TrajectoryOutput(content, location, slots)
 
 
 # -------------------------------- Decoding: a pass runs the tokens the last pass inserted
