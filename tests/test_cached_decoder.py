@@ -21,6 +21,7 @@ from fairseq_insertion.generator import InsertionGenerator, ModelBackend
 from tests.test_fast_decoder import build as build_model
 from tests.utils import (
     generate_args,
+    parse_generate,
     random_source_batch,
     reverse_data,
     run,
@@ -248,15 +249,22 @@ def test_cached_decode_equals_recomputing_every_canvas(trained, data, options):
             torch.testing.assert_close(x["positional_scores"], z["positional_scores"], atol=1e-4, rtol=1e-4)
 
 
-def test_cli_train_generate_counts_positions(trained, data):
+def test_cli_and_hub_decode_counting_positions(trained, data):
+    """fairseq-generate decodes the cached model, each token run once, and the hub gives the same translations."""
     proc = run(generate_args(data, trained, "--decoding", "parallel", "--batch-size", "5", "--print-step"))
-    hyps = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
-    assert len(hyps) == 12 and any(line.split("\t")[2] for line in hyps)
+    hyps, sources = parse_generate(proc.stdout, "H"), parse_generate(proc.stdout, "S")
+    assert len(hyps) == 12 and any(h[1] for h in hyps.values())
     found = re.search(r"decoder positions per output token ([0-9.]+)", proc.stderr + proc.stdout)
     assert found, proc.stderr[-2000:]
-    tokens = sum(len(line.split("\t")[2].split()) for line in hyps)
+    tokens = sum(len(h[1].split()) for h in hyps.values())
     # bos and eos once a sentence, then each token once (the end itself runs nothing)
     assert float(found.group(1)) == pytest.approx((tokens + 2 * 12) / tokens, abs=0.01)
+    from fairseq_insertion.model import InsertionTransformerModel
+
+    hub = InsertionTransformerModel.from_pretrained(str(trained.parent), checkpoint_file=trained.name,
+                                                    data_name_or_path=str(data), decoding="parallel")
+    ids = sorted(hyps, key=int)
+    assert hub.translate([sources[i][0] for i in ids]) == [hyps[i][1] for i in ids]
 
 
 def test_refusals(trained, data, tmp_path):
