@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
+from .errors import InsertionError
+
 PRECISIONS = ("fp32", "bf16", "int8")  # --decode-precision's; an export's graphs: export_format.EXPORTED
 # how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
 TERMINATIONS = ("slot", "sequence")
@@ -117,7 +119,7 @@ def _path(value: Any) -> Any:
 _at_least_0, _at_least_1 = functools.partial(_integer, minimum=0), functools.partial(_integer, minimum=1)
 
 
-class DecodingError(ValueError):
+class DecodingError(InsertionError):
     """A decoding option with a value that means nothing; the message names the option and the value."""
 
     def command_line(self) -> str:

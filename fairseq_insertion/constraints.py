@@ -18,6 +18,7 @@ import torch
 from fairseq.token_generation_constraints import pack_constraints
 from torch import Tensor
 
+from .errors import InsertionError
 from .fairseq_fixes import read_text_lines
 from .preprocess import GAP
 from .preprocess import GAP_SPLIT as _GAP_SPLIT
@@ -65,7 +66,7 @@ def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, l
     return out
 
 
-class SpecialSymbolError(ValueError):
+class SpecialSymbolError(InsertionError):
     """A constraint holding one of the dictionary's special symbols (``</s>``, ``<s>``, ``<pad>``)."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .errors import InsertionError
 from .loop.rules import FEEDS
 from .preprocess import PreprocessError, Preprocessing
 
@@ -64,7 +65,7 @@ LOOKAHEAD_OUTPUTS = ("ends", "end_log_probs")
 (:func:`fairseq_insertion.slots.ending_graph`)."""
 
 
-class TranslatorError(ValueError):
+class TranslatorError(InsertionError):
     """An exported directory, an input or an option the runtime cannot take; the message names it."""
 
 

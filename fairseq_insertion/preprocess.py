@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from .errors import InsertionError
+
 RECORD = "preprocess.json"  # beside a data-bin: how its text was prepared
 GAP = "___"  # inside a constraint, a template's open slot
 GAP_SPLIT = re.compile(r"(?<!\S)___(?!\S)")  # ___ as a whole whitespace-delimited word
@@ -37,7 +39,7 @@ LANG = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 MADEUP = re.compile(r"madeupword\d{4}")  # fairseq-preprocess's padding of a dictionary to a multiple of 8
 
 
-class PreprocessError(ValueError):
+class PreprocessError(InsertionError):
     """Preprocessing settings, a codes file or an option that cannot be used; the message names it."""
 
 

@@ -20,13 +20,14 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 from fairseq.data import Dictionary, data_utils, indexed_dataset
 
+from .errors import InsertionError
 from .slots import Shortlist, shortlist_rows
 
 PROG = "python -m fairseq_insertion.shortlist"
 CHECK_BATCH = 1024  # sentences per shortlist_rows call in --check: a (B, V) table each
 
 
-class ShortlistError(ValueError):
+class ShortlistError(InsertionError):
     """Input that cannot give a table: the message names it."""
 
 
@@ -240,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table.save(args.out)
         seconds = time.perf_counter() - started
         coverage = coverage_of(table, d, args.check) if args.check is not None else None
-    except (ShortlistError, OSError) as exc:
+    except (InsertionError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     rows = int(table.translations.any(1).sum())  # source words with a translation

@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Iterable, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
+try:
+    from .errors import InsertionError
+except ImportError:  # the file loaded on its own, outside the package: the standard library alone
+    InsertionError = ValueError  # type: ignore[misc,assignment]
+
 LINE_RE = re.compile(r"^([STHPIE])-(\d+)(?:_(\d+))?\t(.*)$")
 
 
-class VisualizeError(ValueError):
+class VisualizeError(InsertionError):
     """The generate output cannot be drawn (missing history, unknown id, inconsistent rows)."""
 
 
@@ -397,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(text_rows(decode)))
         elif not (args.svg or args.png):
             sys.stdout.write(to_svg(picture))
-    except (VisualizeError, OSError) as e:
+    except (InsertionError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

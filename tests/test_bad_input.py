@@ -112,3 +112,25 @@ def test_standard_input_read_before_the_generator_is_left_as_it_is(monkeypatch):
     monkeypatch.setattr("sys.stdin", fresh)
     tolerate_invalid_utf8_stdin()
     assert fresh.readline() == "a \ufffd\n"
+
+
+def test_every_refusal_shares_the_base_class():
+    """The plugin's commands catch one class: each part's error is an InsertionError (and a ValueError)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import fairseq_insertion
+    from fairseq_insertion.errors import InsertionError
+
+    found = {}
+    for info in pkgutil.walk_packages(fairseq_insertion.__path__, "fairseq_insertion."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == info.name and issubclass(cls, Exception):
+                found[name] = cls
+    assert len(found) >= 7, sorted(found)
+    assert all(issubclass(cls, InsertionError) for name, cls in found.items() if name != "InsertionError"), \
+        [name for name, cls in found.items() if not issubclass(cls, InsertionError)]

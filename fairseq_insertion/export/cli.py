@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .. import preprocess as P
-from ..config import RUNTIME_OPTIONS, DecodingConfig, DecodingError, add_runtime_arguments
+from ..config import RUNTIME_OPTIONS, DecodingConfig, add_runtime_arguments
+from ..errors import InsertionError
 from ..export_format import QUANTIZATIONS, SHORTLIST
 from .files import export, recorded_preprocessing
-from .graph import ExportError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
         out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
                      args.shortlist)
-    except (ExportError, DecodingError, P.PreprocessError) as exc:
+    except InsertionError as exc:  # the export's, the options' and the preprocessing's refusals
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2
     print(f"exported to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")

@@ -9,11 +9,13 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from ..errors import InsertionError
+
 OPSET = 17
 IR_VERSION = 8  # the oldest that opset 17 allows: readable by every onnxruntime since 1.13
 
 
-class ExportError(ValueError):
+class ExportError(InsertionError):
     """A model or an input the export cannot take; the message names it."""
 
 

@@ -27,8 +27,9 @@ import numpy as np
 
 from .. import preprocess as P
 from ..config import DecodingConfig, DecodingError, add_runtime_arguments
+from ..errors import InsertionError
 from ..export_format import SETTINGS
-from . import RUNTIME_OPTIONS, Translator, TranslatorError
+from . import RUNTIME_OPTIONS, Translator
 
 logger = logging.getLogger("fairseq_insertion.runtime")
 PROG = "python -m fairseq_insertion.runtime"
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> Optional[str]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing (Python's recipe for SIGPIPE)
     except DecodingError as exc:
         return exc.command_line()
-    except (TranslatorError, P.PreprocessError) as exc:
+    except InsertionError as exc:  # the runtime's and the preprocessing's refusals
         return str(exc)
     except OSError as exc:
         return f"{exc.filename or 'standard output'}: {exc.strerror}"
