@@ -1,5 +1,5 @@
-"""``python -m fairseq_insertion [--help]``: every command-line option the plugin adds to fairseq,
-grouped by the commands it applies to.
+"""``python -m fairseq_insertion [--help | --markdown]``: every command-line option the plugin adds to fairseq,
+grouped by the commands it applies to (``--markdown``: as the page ``docs/flags.md``).
 
 Nothing here names an option: the listing is read at runtime from what the package registers with
 fairseq (its tasks, models and architectures, criterions and any other registered component), each
@@ -133,7 +133,7 @@ class _Formatter(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """A parser whose help lists the plugin's options, one group per component."""
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_insertion", usage="%(prog)s [-h]", formatter_class=_Formatter,
+        prog="python -m fairseq_insertion", usage="%(prog)s [-h] [--markdown]", formatter_class=_Formatter,
         description="The options fairseq_insertion adds to fairseq's commands (with --user-dir "
                     "fairseq_insertion), grouped by the commands they apply to; fairseq's own options are in "
                     "each command's --help.")
@@ -157,10 +157,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def markdown(parser: argparse.ArgumentParser) -> str:
+    """The listing as a Markdown page (``docs/flags.md``): one section a group, one table row an option."""
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    made = "<!-- python -m fairseq_insertion --markdown > docs/flags.md (tests/test_docs.py checks it) -->"
+    out = ["# Flags", "", cell(parser.description or ""), "", made, ""]
+    for group in parser._action_groups[2:]:  # after argparse's own two: one group a component
+        actions = [a for a in group._group_actions if a.option_strings and a.help != argparse.SUPPRESS
+                   and a.dest != "help"]
+        if not actions:
+            continue
+        out += [f"## {group.title}", ""] + ([cell(group.description), ""] if group.description else [])
+        out += ["| option | default | what it does |", "| --- | --- | --- |"]
+        for a in actions:
+            name = ", ".join(a.option_strings)
+            value = a.metavar or ("{" + ",".join(map(str, a.choices)) + "}" if a.choices else None)
+            if a.nargs != 0 and value is None:
+                value = a.dest.upper()
+            shown = f"`{name}{' ' + str(value) if a.nargs != 0 else ''}`"
+            default = "" if any(a.default is v for v in (None, False, argparse.SUPPRESS)) else f"`{a.default}`"
+            out.append(f"| {shown} | {default} | {cell(a.help or '')} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    parser.parse_args(argv)  # --help prints the listing and exits
-    parser.print_help()
+    parser.add_argument("--markdown", action="store_true", help="print the listing as a Markdown page")
+    if parser.parse_args(argv).markdown:  # --help prints the listing and exits
+        print(markdown(parser))
+    else:
+        parser.print_help()
     return 0
 
 

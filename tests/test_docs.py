@@ -21,6 +21,8 @@ import contextlib
 import io
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator, List, Sequence, Tuple
 
@@ -202,6 +204,17 @@ def test_every_docs_page_is_linked_from_the_readme_and_says_what_it_is_for():
         assert f"docs/{page.name}" in linked, f"README.md does not link docs/{page.name}"
         lines = [line for line in page.read_text(encoding="utf-8").splitlines() if line.strip()]
         assert lines[0].startswith("# ") and not lines[1].startswith("#"), f"{page.name}: a title, then one line"
+
+
+def test_the_flags_page_is_the_plugins_listing():
+    """docs/flags.md is what ``python -m fairseq_insertion --markdown`` prints: a flag added, renamed or removed in
+    the code without the page written again fails here."""
+    proc = subprocess.run([sys.executable, "-m", "fairseq_insertion", "--markdown"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(f"`{flag}" in proc.stdout for flag in ("--cached-decoder", "--order", "--eos-penalty", "--shortlist"))
+    assert (REPO / "docs" / "flags.md").read_text(encoding="utf-8") == proc.stdout, \
+        "docs/flags.md is not the listing: python -m fairseq_insertion --markdown > docs/flags.md"
 
 
 def test_readme_is_a_landing_page():
