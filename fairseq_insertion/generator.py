@@ -64,7 +64,7 @@ class ModelBackend:
         if p.closed is None:
             c = L.SlotChoice(*S.choose(self.slot_rule, p.content, inputs, k), p.location)
         else:
-            chosen = S.choose(self.slot_rule, p.content, S.left_open(inputs, ~p.closed), k)  # (N', k) (N', k) (N', 1)
+            chosen = S.choose(self.slot_rule, p.content, L.some_slots(inputs, ~p.closed), k)  # (N', k) (N', k) (N', 1)
             c = L.SlotChoice(*S.closing(p.closed, p.close_log_probs, inputs.eos_penalty, self.eos, chosen), p.location)
         c = c if p.cache is None else c._replace(memory=p.cache)
         ahead = None if p.states is None else S.may_close(inputs, open_, self.lookahead_beta, k)  # (N,)

@@ -232,14 +232,6 @@ def may_close(inputs: SlotInputs, open_: Any, beta: float, k: int) -> Optional[A
     return may if inputs.no_end is None else may & ~inputs.no_end.reshape(-1)
 
 
-def left_open(inputs: SlotInputs, keep: Any) -> SlotInputs:
-    """On torch: the :class:`SlotInputs` of the open slots ``keep`` (N,) selects (a boolean mask)."""
-    take = lambda v: v[keep] if hasattr(v, "shape") and v.ndim else v  # noqa: E731
-    return inputs._replace(blocked=take(inputs.blocked), eos_penalty=take(inputs.eos_penalty),
-                           word_edges=take(inputs.word_edges), no_end=take(inputs.no_end),
-                           slot_rows=take(inputs.slot_rows))
-
-
 def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chosen: Tuple[Any, Any, Any]
             ) -> Tuple[Any, Any, Any]:
     """On torch: every open slot's (N, k) tokens, log-probabilities and (N, 1) end-of-slot log-probabilities, from

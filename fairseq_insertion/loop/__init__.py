@@ -29,7 +29,7 @@ from .driver import (
 )
 from .geometry import closed_slots, frame, gather_canvas, insertion_destinations, place, slot_mask
 from .ops import NEG_INF, NUMPY, Array, NumpyOps, Ops
-from .rules import FEEDS, RULES, Feed, SlotInputs, first_insertion_inputs, shortlist_positions, slot_inputs
+from .rules import FEEDS, RULES, Feed, SlotInputs, first_insertion_inputs, shortlist_positions, slot_inputs, some_slots
 from .starts import Start, constraint_canvas, length_limit, length_limits, pack
 from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
 from .steps import Bounds, DecodeOptions, GreedySequenceStep, GreedySlotStep, ParallelStep, step_rule
@@ -40,4 +40,5 @@ __all__ = ["Array", "Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded",
            "closed_slots", "constraint_canvas", "decode", "first_insertion_inputs", "frame", "gather_canvas",
            "insertion_destinations", "length_limit", "length_limits", "new_stats", "open_slots", "pack", "place",
            "predict", "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask",
-           "slot_scores", "start_state", "step_rule", "tally", "word_edge_bans", "word_edge_slots", "word_edge_table"]
+           "slot_scores", "some_slots", "start_state", "step_rule", "tally", "word_edge_bans", "word_edge_slots",
+           "word_edge_table"]

@@ -129,6 +129,19 @@ def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: B
     return SlotInputs(**{f.name: values.get(f.name) for f in FEEDS}, shortlist=state.shortlist, slot_rows=slot_rows)
 
 
+def some_slots(inputs: SlotInputs, slots: Any, rows: Optional[slice] = None) -> SlotInputs:
+    """The :class:`SlotInputs` of some of the open slots: ``slots`` (a boolean mask (N,) or a slice) taken from every
+    per-slot array (each :data:`FEEDS` field and ``slot_rows``; a single value and None stay as they are); ``rows``
+    (a slice of the canvases, the slots' own): the shortlist's rows, the slots' rows counted from its start."""
+    def take(value: Any) -> Any:
+        return value[slots] if getattr(value, "ndim", 0) else value
+
+    kept = inputs._replace(**{f.name: take(getattr(inputs, f.name)) for f in FEEDS}, slot_rows=take(inputs.slot_rows))
+    if rows is None or kept.shortlist is None:
+        return kept
+    return kept._replace(shortlist=kept.shortlist[rows], slot_rows=kept.slot_rows - (rows.start or 0))
+
+
 def fed(inputs: SlotInputs, n: int, pad: int, constant: Any) -> Dict[str, Any]:
     """The pass graph's rule inputs for ``n`` open slots: each :data:`FEEDS` entry's values, shaped as the graph
     takes them, ``constant(n, value, dtype)`` (n,) where the inputs give one value or none."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import loop as L
 from ..export_format import TranslatorError
-from ..loop.rules import FEEDS, fed
+from ..loop.rules import fed
 
 GROUPED = 0.02
 """A group of a pass's canvases runs its longer and its shorter ones apart (one more run of the pass graph) where
@@ -91,7 +91,7 @@ class OnnxBackend:
         for rows, end, n in zip(groups, ends, np.diff(ends, prepend=0)):
             width = int(lengths[rows].max()) + 2  # the group's framed width
             tokens, log_probs, eos_log_probs, location[rows, :width - 1], *ahead = self._run(
-                source, framed[rows, :width], open_[rows, :width - 1], _slot_range(inputs, rows, slice(end - n, end)),
+                source, framed[rows, :width], open_[rows, :width - 1], L.some_slots(inputs, slice(end - n, end), rows),
                 rows, k)  # the group's open slots: a range of the pass's, its rows being contiguous
             outs.append((tokens, log_probs, eos_log_probs, *(a.reshape(-1) for a in ahead)))
         values = [np.concatenate(v) for v in zip(*outs)]
@@ -149,12 +149,3 @@ def width_groups(lengths: np.ndarray, start: int = 0) -> List[slice]:
     if whole - int(cost[i]) < GROUPED * whole:
         return [slice(start, start + A)]
     return width_groups(lengths[:i + 1], start) + width_groups(lengths[i + 1:], start + i + 1)
-
-
-def _slot_range(inputs: L.SlotInputs, rows: slice, slots: slice) -> L.SlotInputs:
-    """The slot rule's inputs of the open slots ``slots`` (a range of the pass's, row-major) of the canvases
-    ``rows``."""
-    cut = lambda x: x[slots] if isinstance(x, np.ndarray) else x  # noqa: E731  (None, a float: as they are)
-    return inputs._replace(**{f.name: cut(getattr(inputs, f.name)) for f in FEEDS},
-                           shortlist=None if inputs.shortlist is None else inputs.shortlist[rows],
-                           slot_rows=None if inputs.slot_rows is None else inputs.slot_rows[slots] - rows.start)
