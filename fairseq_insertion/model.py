@@ -106,6 +106,7 @@ class InsertionDecoder(TransformerDecoderBase):
         self.closure: Optional[SlotClosure] = None  # optional: python -m examples.train_closure
         self.lookahead: Optional[LookAhead] = None  # optional, the same command
         self.fractional: Optional[FractionalPositions] = None  # --cached-decoder (pass_decoder.py)
+        self.recomputed = 0  # --recomputed-layers: its top layers re-read the whole canvas each pass
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
         """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
@@ -181,6 +182,10 @@ class InsertionTransformerModel(TransformerModel):
                                  "positions (bos's and eos's learned, an inserted token's from its neighbours') "
                                  "and attention to the tokens of one's own pass or earlier; trained on every pass "
                                  "of the balanced-tree order at once")
+        parser.add_argument("--recomputed-layers", type=int, metavar="K",
+                            help="with --cached-decoder, the top K decoder layers are not cached: they run over "
+                                 "the whole canvas each pass, with full attention, on the cached layers' states "
+                                 "(0: every layer cached, default)")
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -214,8 +219,12 @@ class InsertionTransformerModel(TransformerModel):
         termination = str(args.termination)
         if termination not in TERMINATIONS:
             raise ValueError(f"--termination must be one of {TERMINATIONS}, got {termination!r}")
+        K, layers = int(args.recomputed_layers), len(dec.layers)
+        if K and not args.cached_decoder or not 0 <= K <= layers:
+            raise ValueError(f"--recomputed-layers {K}: takes --cached-decoder and 0 to the decoder's {layers} layers")
         if args.cached_decoder:
             check_layers(dec)
+            dec.recomputed = K
             dec.embed_positions = None  # no absolute positions: they would change as tokens are inserted
             dec.fractional = FractionalPositions(dec.embed_dim)
         model.termination = termination
@@ -361,7 +370,7 @@ def _defaults(args, **values) -> None:
 def base_architecture(args) -> None:
     """The paper's transformer_base: 6+6 layers, 512, 8 heads, FFN 2048."""
     _defaults(args, content_location="factorized", context_bias=False, mixture_components=1, termination="slot",
-              cached_decoder=False)
+              cached_decoder=False, recomputed_layers=0)
     # not given: decided when the model is built (decoder_embeddings_shared), kept None through fairseq's defaults
     args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", None) or None
     transformer_base_architecture(args)

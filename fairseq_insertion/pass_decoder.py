@@ -78,17 +78,26 @@ def encoder_side(decoder: nn.Module, encoder_out: dict) -> EncoderKeysValues:
     return EncoderKeysValues(keys, values, None if mask is None else ~mask[:, None, None, :])
 
 
+def cached_layers(decoder: nn.Module) -> range:
+    """The layers whose states a pass keeps: all but the top ``--recomputed-layers``."""
+    return range(len(decoder.layers) - decoder.recomputed)
+
+
 def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
-           past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None
-           ) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
-    """The decoder layers over ``x`` (T, A, C) (embedded, positions added): each token attends to the tokens
-    ``keep`` (A, 1, T or 1, M + T) allows of the ``past`` keys and values (per layer (A, heads, M, d) each; None:
-    M = 0) and of its own; the final layer norm and output projection applied. Returns the final states (A, T, C)
-    and each layer's keys and values, past and new (A, heads, M + T, d)."""
+           past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None,
+           span: Optional[range] = None) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+    """The decoder layers ``span`` (all by default) over ``x`` (T, A, C) (embedded, positions added, or the states
+    of the layer below): each token attends to the tokens ``keep`` (A, 1, T or 1, M + T) allows of the ``past`` keys
+    and values (one a layer of the span, (A, heads, M, d) each; None: M = 0) and of its own; after the last layer,
+    the final layer norm and output projection. Returns the states (A, T, C) and each layer's keys and values, past
+    and new (A, heads, M + T, d)."""
     kv: List[Tuple[Tensor, Tensor]] = []
-    for i, layer in enumerate(decoder.layers):
-        def self_attention(h: Tensor, layer=layer, i=i) -> Tensor:
-            out, k, v = _self_attention(layer.self_attn, h, keep, None if past is None else past[i],
+    span = range(len(decoder.layers)) if span is None else span
+    for j, i in enumerate(span):
+        layer = decoder.layers[i]
+
+        def self_attention(h: Tensor, layer=layer, i=i, j=j) -> Tensor:
+            out, k, v = _self_attention(layer.self_attn, h, keep, None if past is None else past[j],
                                         None if fused is None else fused[i])
             kv.append((k, v))
             return out
@@ -102,12 +111,24 @@ def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
         for name, norm in blocks(layer):
             x = residual(x, sublayers[name], norm, layer.normalize_before,
                          lambda a, y, layer=layer: layer.dropout_module(y) + a)
+    if span.stop < len(decoder.layers):
+        return x.transpose(0, 1), kv
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
     x = x.transpose(0, 1)  # (A, T, C)
     if decoder.project_out_dim is not None:
         x = decoder.project_out_dim(x)
     return x, kv
+
+
+def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderKeysValues,
+               fused: Optional[List[Projection]] = None) -> Tensor:
+    """The top ``--recomputed-layers`` over whole canvases, full attention as in the plain decoder: x (A, T, C) the
+    cached layers' states of the framed canvases, real (A, T) their columns -> the final states (A, T, C)."""
+    if not decoder.recomputed:
+        return x
+    span = range(len(decoder.layers) - decoder.recomputed, len(decoder.layers))
+    return layers(decoder, x.transpose(0, 1), real[:, None, None, :], enc, None, fused, span)[0]
 
 
 def _heads(attn: nn.Module, y: Tensor) -> Tensor:
@@ -200,13 +221,22 @@ def pass_mask(levels: Tensor, pad_level: int) -> Tensor:
 
 
 def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target_lengths: Tensor,
-                      encoder_out: dict) -> Tensor:
-    """Final states (B, N + 2, C) of the framed target ``framed`` (B, N + 2) under the pass mask: each position's
-    as the cached decoder computes it in the pass after its insertion."""
+                      enc: EncoderKeysValues) -> Tensor:
+    """The cached layers' states (B, N + 2, C) of the framed target ``framed`` (B, N + 2) under the pass mask (the
+    final states when every layer is cached): each position's as the cached decoder computes it in the pass after its
+    insertion."""
     positions = trajectory_positions(decoder.fractional, levels, target_lengths)  # (B, T, C)
     x = _embed(decoder, framed, positions)  # (T, B, C)
-    states, _ = layers(decoder, x, pass_mask(levels, framed.size(1) - 1), encoder_side(decoder, encoder_out))
-    return states
+    return layers(decoder, x, pass_mask(levels, framed.size(1) - 1), enc, span=cached_layers(decoder))[0]
+
+
+def canvas_states(decoder: nn.Module, framed: Tensor, levels: Tensor, enc: EncoderKeysValues) -> Tensor:
+    """The final states (A, T + 2, C) of framed canvases (A, T + 2) whose tokens were inserted by the passes
+    ``levels`` (A, T + 2) (bos and eos -1, padding T + 1), computed whole: the cached layers under the pass mask,
+    the recomputed ones over the canvas."""
+    real = framed.ne(decoder.padding_idx)
+    states = trajectory_states(decoder, framed, levels, real.sum(1) - 2, enc)
+    return recomputed(decoder, states, real, enc)
 
 
 class TrajectorySlots(NamedTuple):
@@ -260,9 +290,19 @@ def trajectory_output(decoder: nn.Module, framed: Tensor, levels: Optional[Tenso
     if levels is None or target_lengths is None:
         raise ValueError(f"{OPTION}: the decoder trains on whole targets with their levels (--criterion "
                          "insertion_loss)")
-    states = trajectory_states(decoder, framed, levels, target_lengths, encoder_out)  # (B, N + 2, C)
+    enc = encoder_side(decoder, encoder_out)
+    states = trajectory_states(decoder, framed, levels, target_lengths, enc)  # (B, N + 2, C)
     slots = trajectory_slots(levels, target_lengths)
-    H = slot_head(decoder).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
+    if decoder.recomputed:  # each pass's canvas through the top layers: (R, S + 1) columns, bos to eos
+        k = slots.real.sum(1, keepdim=True) - 1  # (R, 1)
+        columns = F.pad(slots.left, (0, 1)).scatter(1, k + 1, (target_lengths[slots.sentence] + 1).unsqueeze(1))
+        real = torch.arange(columns.size(1), device=k.device).unsqueeze(0) <= k + 1  # (R, S + 1)
+        rows = EncoderKeysValues([x.index_select(0, slots.sentence) for x in enc.keys],
+                                 [x.index_select(0, slots.sentence) for x in enc.values],
+                                 None if enc.source_keep is None else enc.source_keep.index_select(0, slots.sentence))
+        H = decoder.pair_slots(recomputed(decoder, _rows(states[slots.sentence], columns), real, rows))  # (R, S, C)
+    else:
+        H = slot_head(decoder).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
     content, location = decoder.head(H, slots.real, decoder.output_layer, slots.real)  # (M, V), (R, S)
     return TrajectoryOutput(content, location, slots)
 
@@ -276,7 +316,7 @@ class PassCache(NamedTuple):
     keys: List[Tensor]  # per layer (A, heads, M, d)
     values: List[Tensor]  # per layer (A, heads, M, d)
     positions: Tensor  # (A, M, C) each cached token's position vector
-    states: Tensor  # (A, M, C) its final states
+    states: Tensor  # (A, M, C) its cached layers' states (the final states when every layer is cached)
     real: Tensor  # (A, M) the cached tokens (False: padding)
     index: Tensor  # (A, T + 2) each column of the last framed canvas -> its cache column (-1: padding)
 
@@ -299,7 +339,7 @@ def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int,
     positions = decoder.fractional.ends.unsqueeze(0).expand(batch, 2, -1)  # (A, 2, C)
     fused = encoder.fused.self_attention if encoder.fused is not None else None
     states, kv = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
-                        _encoder(encoder), None, fused)
+                        _encoder(encoder), None, fused, cached_layers(decoder))
     return PassCache(encoder, [k for k, _ in kv], [v for _, v in kv], positions, states,
                      framed.new_ones(batch, 2, dtype=torch.bool), torch.arange(2, device=device).expand(batch, 2))
 
@@ -326,16 +366,20 @@ def pass_states(decoder: nn.Module, framed: Tensor, fresh: Tensor, cache: PassCa
     index = torch.full_like(framed, -1).masked_scatter(old, cache.index[cache.index.ge(0)])
     index = torch.where(fresh, M + fresh.long().cumsum(1) - 1, index)  # (A, T + 2) fresh: appended in canvas order
     if W == 0:
-        return _rows(cache.states, index), cache._replace(index=index)
+        cache = cache._replace(index=index)
+        return recomputed(decoder, _rows(cache.states, index), real, _encoder(cache.encoder), _fused(cache)), cache
     left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
     positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
     tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
     new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
     keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
-    fused = cache.encoder.fused.self_attention if cache.encoder.fused is not None else None
     states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, _encoder(cache.encoder),
-                        list(zip(cache.keys, cache.values)), fused)  # (A, W, C)
+                        list(zip(cache.keys, cache.values)), _fused(cache), cached_layers(decoder))  # (A, W, C)
     cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
                       torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
                       torch.cat([cache.real, new], 1), index)
-    return _rows(cache.states, index), cache
+    return recomputed(decoder, _rows(cache.states, index), real, _encoder(cache.encoder), _fused(cache)), cache
+
+
+def _fused(cache: PassCache) -> Optional[List[Projection]]:
+    return cache.encoder.fused.self_attention if cache.encoder.fused is not None else None

@@ -53,7 +53,8 @@ def targets(d, lengths: List[int], seed: int = 0):
 
 def reference_states(model, src, y, n) -> List[torch.Tensor]:
     """Each sentence's final states of its framed target, computed alone by fairseq's decoder layers with an additive
-    pass mask, the positions built token by token in Python: (n + 2, C) each."""
+    pass mask (none in the top ``--recomputed-layers``), the positions built token by token in Python: (n + 2, C)
+    each."""
     dec, d = model.decoder, model.decoder.dictionary
     out = []
     for b in range(len(n)):
@@ -74,15 +75,22 @@ def reference_states(model, src, y, n) -> List[torch.Tensor]:
         mask = torch.tensor([[0.0 if levels[j] <= levels[i] else float("-inf") for j in range(length + 2)]
                              for i in range(length + 2)])
         enc = model.encoder(src["src_tokens"][b:b + 1], src_lengths=src["src_lengths"][b:b + 1])
-        for layer in dec.layers:
-            x, _, _ = layer(x, enc["encoder_out"][0], enc["encoder_padding_mask"][0], self_attn_mask=mask)
+        for i, layer in enumerate(dec.layers):
+            top = i >= len(dec.layers) - dec.recomputed
+            x, _, _ = layer(x, enc["encoder_out"][0], enc["encoder_padding_mask"][0],
+                            self_attn_mask=None if top else mask)
         if dec.layer_norm is not None:
             x = dec.layer_norm(x)
         out.append(x[:, 0])
     return out
 
 
-@pytest.mark.parametrize("flags", [(), PRE_NORM], ids=["post-norm", "pre-norm"])
+RECOMPUTED = ("--recomputed-layers", "1")
+SETTINGS = pytest.mark.parametrize("flags", [(), PRE_NORM, RECOMPUTED, ("--recomputed-layers", "2", *PRE_NORM)],
+                                   ids=["post-norm", "pre-norm", "top-layer-recomputed", "all-recomputed-pre-norm"])
+
+
+@SETTINGS
 def test_pass_mask_forward_matches_fairseq_layers(data, flags):
     model, d = build(data, *flags)
     src = random_source_batch(d, [5, 3, 8, 2])["net_input"]
@@ -90,7 +98,8 @@ def test_pass_mask_forward_matches_fairseq_layers(data, flags):
     with torch.no_grad():
         framed = L.frame(TORCH, y, n, d.bos(), d.eos(), d.pad())
         enc = model.encoder(src["src_tokens"], src_lengths=src["src_lengths"])
-        states = PD.trajectory_states(model.decoder, framed, PD.framed_levels(n, y.size(1)), n, enc)
+        states = PD.canvas_states(model.decoder, framed, PD.framed_levels(n, y.size(1)),
+                                  PD.encoder_side(model.decoder, enc))
         expected = reference_states(model, src, y, n)
     for b, ref in enumerate(expected):
         assert ref.abs().sum() > 0
@@ -106,7 +115,7 @@ def canvas_at(y, n, levels, t: int, d):
     return L.frame(TORCH, canvas, k, d.bos(), d.eos(), d.pad()), L.frame(TORCH, fresh, k, 0, 0, 0) == 1, k
 
 
-@pytest.mark.parametrize("flags", [(), PRE_NORM], ids=["post-norm", "pre-norm"])
+@SETTINGS
 def test_cached_passes_give_the_pass_mask_scores(data, flags):
     """Pass t of a cached decode over the balanced tree's canvases scores every slot as the training forward's row of
     that pass does (content and log p(l)), the cache holding only what earlier passes inserted."""
@@ -190,9 +199,7 @@ class Recompute(ModelBackend):
         levels = torch.full_like(framed, width).masked_scatter(real & ~fresh, before[before.ge(-1)])
         levels = torch.where(fresh, torch.full_like(framed, t), levels)
         decoder = self.model.decoder
-        positions = PD.trajectory_positions(decoder.fractional, levels, real.sum(1) - 2)
-        states, _ = PD.layers(decoder, PD._embed(decoder, framed, positions), PD.pass_mask(levels, width),
-                              PD.EncoderKeysValues(enc.keys, enc.values, enc.source_keep))
+        states = PD.canvas_states(decoder, framed, levels, PD.EncoderKeysValues(enc.keys, enc.values, enc.source_keep))
         H = decoder.pair_slots(states)  # (A, S, C)
         content, location = decoder.head(H, real[:, 1:], decoder.output_layer, open_)
         location = location.masked_fill(~real[:, 1:], float("-inf")).log_softmax(-1)
@@ -209,12 +216,21 @@ class RecomputeGenerator(InsertionGenerator):
         return Recompute(**vars(super().backend(model, src_tokens, src_lengths)))
 
 
-@pytest.fixture(scope="module")
-def trained(data, tmp_path_factory):
+def train(data, tmp_path_factory, *flags):
     save = tmp_path_factory.mktemp("cached_ckpt")
     cmd = train_args(data, save, "--cached-decoder", "--max-update", "60", "--disable-validation",
-                     "--no-epoch-checkpoints")
+                     "--no-epoch-checkpoints", *flags)
     return train_once(cmd, data, save) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    return train(data, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained_recomputed(data, tmp_path_factory):
+    return train(data, tmp_path_factory, *RECOMPUTED)
 
 
 def load(path, data):
@@ -247,6 +263,11 @@ def test_cached_decode_equals_recomputing_every_canvas(trained, data, options):
             assert x["tokens"].tolist() == z["tokens"].tolist()
             assert x["steps"] == z["steps"]
             torch.testing.assert_close(x["positional_scores"], z["positional_scores"], atol=1e-4, rtol=1e-4)
+
+
+def test_cached_decode_with_the_top_layer_recomputed(trained_recomputed, data):
+    test_cached_decode_equals_recomputing_every_canvas(trained_recomputed, data, dict(
+        decoding="parallel", eos_penalties=(0.0, 2.0), first_insertions=2, block_neighbour_copies=True))
 
 
 def test_cli_and_hub_decode_counting_positions(trained, data):
@@ -283,3 +304,7 @@ def test_refusals(trained, data, tmp_path):
     assert proc.returncode != 0 and "--cached-decoder trains on every pass" in proc.stderr
     with pytest.raises(ValueError, match="--cached-decoder runs plain .* train without --cross-self-attention"):
         build(data, "--cross-self-attention")
+    with pytest.raises(ValueError, match="--recomputed-layers 3: takes --cached-decoder and 0 to the decoder's 2"):
+        build(data, "--recomputed-layers", "3")
+    with pytest.raises(ValueError, match="--recomputed-layers 1: takes --cached-decoder"):
+        build_model(data, "--recomputed-layers", "1")
