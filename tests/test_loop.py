@@ -175,3 +175,33 @@ def test_predict_scores_the_open_slots(backend):
     assert seen["blocked"][:, :2].tolist() == [[PAD, 5], [5, 6], [6, PAD], [PAD, 7], [7, PAD]]
     assert np.asarray(p.tokens).tolist() == [[10, 11, 12], [13, 14, EOS]]
     assert np.asarray(p.log_probs).tolist() == [[-1.0, -1.0, -1.0], [-1.0, -1.0, 0.0]]
+
+
+def test_first_insertions_take_every_slot_rule(monkeypatch):
+    """A barring rule added to RULES applies on the first insertions' pass too, beside unk and end-of-slot."""
+    from fairseq_insertion.loop import driver, rules
+
+    class BarNine:
+        feeds = (rules.BLOCKED,)
+
+        def values(self, p):
+            return {"blocked": p.xp.where(p.open_, 9, PAD)[p.open_][:, None]}
+
+    monkeypatch.setattr(rules, "RULES", (*rules.RULES, BarNine()))
+    seen = {}
+
+    class Scorer:
+        xp, incremental = L.NUMPY, False
+
+        def score_slots(self, memory, framed, open_, inputs, k, fresh=None):
+            seen.update(framed=np.asarray(framed), blocked=np.asarray(inputs.blocked), no_end=np.asarray(inputs.no_end))
+            n = int(np.asarray(open_).sum())
+            return L.SlotChoice(np.tile(np.arange(10, 10 + k), (n, 1)), np.zeros((n, k), np.float32),
+                                np.zeros((n, 1), np.float32), np.zeros((n, 1), np.float32))
+
+    bounds = L.Bounds.build(L.NUMPY, options_(DecodingConfig(first_insertions=2)))
+    tokens, _ = driver.first_tokens(Scorer(), None, 2, bounds, np.asarray([5, 7]), None)
+    assert np.asarray(tokens).tolist() == [[10, 11], [10, 11]]
+    assert seen["framed"].tolist() == [[BOS, EOS], [BOS, EOS]]
+    assert [sorted(set(row) - {PAD}) for row in seen["blocked"].tolist()] == [[3, 9], [3, 9]]  # unk and the rule's
+    assert seen["no_end"].all()

@@ -66,16 +66,18 @@ def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> T
                        bounds.sequence, c.ends, c.end_log_probs), memory if c.memory is None else c.memory
 
 
-def first_tokens(backend: Backend, memory: Any, batch: int, k: int, options: DecodeOptions, like: Array,
-                 shortlist: Optional[Array]) -> Tuple[Array, Array]:
+def first_tokens(backend: Backend, memory: Any, k: int, bounds: Bounds, max_len: Array, shortlist: Optional[Array]
+                 ) -> Tuple[Array, Array]:
     """The k best first insertions of each sentence (:func:`first_insertions`), best first (B, k), and their
-    log p(c | l) (B, k): one pass over the empty canvases, end-of-slot and unk barred; ``like``: an int64 array;
-    ``shortlist`` (B, L): each sentence's, or None."""
-    xp = backend.xp
-    framed = xp.full((batch, 2), options.eos, like=like)  # (B, 2) the empty canvases
-    framed[:, 0] = options.bos
-    inputs = first_insertion_inputs(xp, batch, options.unk, framed, shortlist)
-    c = backend.score_slots(memory, framed, framed[:, :1] == framed[:, :1], inputs, k)
+    log p(c | l) (B, k): one pass over the empty canvases, every slot rule applied and end-of-slot and unk barred
+    (:func:`first_insertion_inputs`); ``max_len`` (B,) the length limits; ``shortlist`` (B, L): each sentence's, or
+    None."""
+    xp, o = backend.xp, bounds.options
+    state = start_state(xp, Start.blank(xp, max_len.shape[0], max_len, o.pad), max_len, None, False, False,
+                        shortlist=shortlist)
+    framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (B, 2) the empty canvases
+    open_ = framed[:, :1] == framed[:, :1]  # (B, 1)
+    c = backend.score_slots(memory, framed, open_, first_insertion_inputs(xp, state, framed, open_, bounds), k)
     return c.tokens, c.log_probs
 
 
@@ -250,8 +252,9 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     n = config.candidates
     # an incremental backend's memory starts with bos's and eos's states, the first insertions' pass runs no token
     first_scores, work = None, Work(positions=2 * B if backend.incremental else 0)
+    bounds = Bounds.build(xp, options)
     if K > 1:
-        tokens, log_probs = first_tokens(backend, memory, B, K, options, max_len, shortlist)  # (B, K) each
+        tokens, log_probs = first_tokens(backend, memory, K, bounds, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
         work = work + Work(1, B, 0 if backend.incremental else 2 * B)
     if n > 1:
@@ -261,7 +264,6 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
         first_scores = None if first_scores is None else first_scores[start_row]
     eos_penalty = xp.asarray(np.tile(np.asarray(betas, np.float32), B * K), like=max_len) if len(betas) > 1 \
         else None  # (B n,) each row's beta; None: the one beta
-    bounds = Bounds.build(xp, options)
     given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
     if arrange is not None and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)

@@ -169,11 +169,11 @@ def shortlist_positions(xp: Ops, shortlist: Array, slot_rows: Array, tokens: Arr
     return xp.where(flat[at] == want, at - slot_rows[:, None] * Lw, absent)
 
 
-def first_insertion_inputs(xp: Ops, batch: int, unk: int, like: Array, shortlist: Optional[Array] = None
-                           ) -> SlotInputs:
+def first_insertion_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: Bounds) -> SlotInputs:
     """The :class:`SlotInputs` of the empty canvases' one slot when choosing first insertions
-    (:func:`~fairseq_insertion.loop.driver.first_tokens`): unk barred, end-of-slot barred, no penalty; ``like``: an
-    int64 array; ``shortlist`` (B, L): each sentence's (unk's position there is its id)."""
-    blocked = xp.full((batch, 1), unk, like=like)  # (B, 1)
-    return SlotInputs(blocked=blocked, eos_penalty=0.0, word_edges=None, no_end=blocked[:, 0] == unk,
-                      shortlist=shortlist, slot_rows=None if shortlist is None else xp.arange(batch, like=like))
+    (:func:`~fairseq_insertion.loop.driver.first_tokens`): every rule's (:func:`slot_inputs`), and unk and end-of-slot
+    barred besides (with a shortlist, unk's position in each list is its id: the specials lead every list)."""
+    inputs = slot_inputs(xp, state, framed, open_, bounds)
+    unk = xp.full((framed.shape[0], 1), bounds.options.unk, like=state.lengths)  # (B, 1)
+    blocked = unk if inputs.blocked is None else xp.concat([inputs.blocked, unk], 1)
+    return inputs._replace(blocked=blocked, no_end=unk[:, 0] == unk[:, 0])
