@@ -83,6 +83,26 @@ def tree_levels(target_lengths: Tensor, max_len: int) -> Tensor:
     return level
 
 
+def sample_tree_levels(target_lengths: Tensor, max_len: int, tau: float = 1.0,
+                       generator: Optional[torch.Generator] = None) -> Tensor:
+    """Levels as :func:`tree_levels` gives them, but each span's token drawn from its binary-tree weights
+    (softmax(-d/tau) around the span's centre: :func:`slot_weights`) instead of taken at the centre: a near-balanced
+    order, each pass inserting one token into every span still missing some. (B, N) long; padding ``N``."""
+    B, N = target_lengths.size(0), max_len
+    valid = torch.arange(N, device=target_lengths.device).unsqueeze(0) < target_lengths.unsqueeze(1)  # (B, N)
+    level = torch.full((B, N), N, dtype=torch.long, device=target_lengths.device)
+    d = 0
+    while bool((valid & level.eq(N)).any()):  # one pass per level
+        missing = valid & level.eq(N)
+        slot, start, end = slot_spans(~missing & valid, target_lengths)
+        u = torch.rand(B, N, device=level.device, generator=generator).clamp(1e-9, 1 - 1e-9)
+        key = (slot_weights(start, end, "binary_tree", tau).log() - (-u.log()).log()).masked_fill(~missing, -torch.inf)
+        best = key.new_full((B, N + 1), -torch.inf).scatter_reduce(1, slot, key, "amax")  # (B, N + 1) each span's
+        level = level.masked_fill(missing & key.eq(best.gather(1, slot)), d)
+        d += 1
+    return level
+
+
 def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional[torch.Generator] = None) -> Tensor:
     """A canvas that parallel decoding visits: the balanced-binary-tree state after
     ``d ~ Uniform{0..L}`` iterations, L = floor(log2 n) + 1 (d = L: the whole target).

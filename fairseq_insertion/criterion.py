@@ -14,7 +14,7 @@ from . import canvas as C
 from . import loop as L
 from .decoding import TORCH
 from .pass_decoder import OPTION as CACHED_DECODER
-from .pass_decoder import framed_levels
+from .pass_decoder import TRAJECTORIES, framed_levels
 
 
 @dataclass
@@ -38,6 +38,11 @@ class InsertionLossConfig(FairseqDataclass):
                   "balanced-binary-tree canvas after a uniformly drawn number of iterations) instead of a "
                   "uniformly random subset; binary_tree and uniform orders"},
     )
+    trajectory: ChoiceEnum(list(TRAJECTORIES)) = field(  # type: ignore[valid-type]
+        default="balanced",
+        metadata={"help": "with --cached-decoder, the insertion order its one pass over each target follows: balanced "
+                  "(each span's centre) or sampled (each span's token drawn from its binary-tree weights at --tau)"},
+    )
     canvases_per_sentence: int = field(
         default=1,
         metadata={"help": "sample K independent canvases per sentence, sharing one encoder pass; a sentence's "
@@ -48,8 +53,9 @@ class InsertionLossConfig(FairseqDataclass):
 @register_criterion("insertion_loss", dataclass=InsertionLossConfig)
 class InsertionLoss(FairseqCriterion):
     def __init__(self, task, order="binary_tree", tau=1.0, termination="slot", label_smoothing=0.0,
-                 canvases_per_sentence=1, tree_canvas_prob=0.0):
+                 canvases_per_sentence=1, tree_canvas_prob=0.0, trajectory="balanced"):
         super().__init__(task)
+        self.trajectory = str(trajectory)
         if not 0.0 <= tree_canvas_prob <= 1.0:
             raise ValueError(f"--tree-canvas-prob must be in [0, 1], got {tree_canvas_prob}")
         if tree_canvas_prob > 0 and order == "left_to_right":
@@ -108,7 +114,8 @@ class InsertionLoss(FairseqCriterion):
                              "--order binary_tree or uniform, without --tree-canvas-prob and --canvases-per-sentence")
         B, N = y.shape
         framed = L.frame(TORCH, y, lengths, self.bos, self.eos, self.pad)  # (B, N+2)
-        out = model(src_tokens, src_lengths, framed, levels=framed_levels(lengths, N), target_lengths=lengths)
+        levels = framed_levels(lengths, N, self.trajectory, self.tau)  # (B, N+2)
+        out = model(src_tokens, src_lengths, framed, levels=levels, target_lengths=lengths)
         slots = out.slots  # R rows: each one pass's canvas of one sentence
         location = out.location.float().masked_fill(~slots.real, float("-inf")).log_softmax(-1)  # (R, S)
         content = out.content.float().log_softmax(-1)  # (M, V)

@@ -174,11 +174,18 @@ def _embed(decoder: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
 
 
 # -------------------------------- Training: the whole target under the pass mask
-def framed_levels(target_lengths: Tensor, max_len: int) -> Tensor:
+TRAJECTORIES = ("balanced", "sampled")
+
+
+def framed_levels(target_lengths: Tensor, max_len: int, trajectory: str = "balanced", tau: float = 1.0) -> Tensor:
     """(B, N + 2) the pass that inserts each position of the framed target ``[bos] y [eos]``: bos and eos -1, y_i
-    its balanced-tree level (:func:`~fairseq_insertion.canvas.tree_levels`), padding N + 1."""
+    its tree level, padding N + 1. ``trajectory``: ``balanced``, each span's centre
+    (:func:`~fairseq_insertion.canvas.tree_levels`), or ``sampled`` from the binary-tree weights at ``tau``
+    (:func:`~fairseq_insertion.canvas.sample_tree_levels`)."""
     real = torch.arange(max_len, device=target_lengths.device).unsqueeze(0) < target_lengths.unsqueeze(1)
-    levels = C.tree_levels(target_lengths, max_len).masked_fill(~real, max_len + 1)  # (B, N)
+    levels = C.tree_levels(target_lengths, max_len) if trajectory == "balanced" \
+        else C.sample_tree_levels(target_lengths, max_len, tau)
+    levels = levels.masked_fill(~real, max_len + 1)  # (B, N)
     return L.frame(TORCH, levels, target_lengths, BOS_EOS_LEVEL, BOS_EOS_LEVEL, max_len + 1)
 
 
@@ -249,12 +256,13 @@ class TrajectorySlots(NamedTuple):
 
 
 def trajectory_slots(levels: Tensor, target_lengths: Tensor) -> TrajectorySlots:
-    """Every pass of each sentence's balanced-tree decode: the canvas before pass t holds the levels below t, for
-    t = 0 .. floor(log2 n) + 1 (the last, the whole target, is where every slot ends). levels: (B, N + 2)."""
+    """Every pass of each sentence's tree decode: the canvas before pass t holds the levels below t, for t = 0 .. its
+    deepest level + 1 (the last, the whole target, is where every slot ends; floor(log2 n) + 1 for the balanced
+    tree). levels: (B, N + 2)."""
     tokens = _token_levels(levels)  # (B, N)
     B, N = tokens.shape
-    depth = C.log2_bound(target_lengths)  # (B,)
-    D = C.log2_bound(max(N, 1))
+    depth = tokens.masked_fill(tokens.gt(N), -1).amax(1) + 1 if N else target_lengths * 0  # (B,)
+    D = int(depth.max()) if B else 0
     t = torch.arange(D + 1, device=levels.device)  # (D + 1,)
     sentence, pass_ = (t.unsqueeze(0) <= depth.unsqueeze(1)).nonzero(as_tuple=True)  # (R,) each
     keep = tokens[sentence] < pass_.unsqueeze(1)  # (R, N)

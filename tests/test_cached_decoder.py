@@ -116,20 +116,23 @@ def canvas_at(y, n, levels, t: int, d):
 
 
 @SETTINGS
-def test_cached_passes_give_the_pass_mask_scores(data, flags):
-    """Pass t of a cached decode over the balanced tree's canvases scores every slot as the training forward's row of
-    that pass does (content and log p(l)), the cache holding only what earlier passes inserted."""
+@pytest.mark.parametrize("trajectory", PD.TRAJECTORIES)
+def test_cached_passes_give_the_pass_mask_scores(data, flags, trajectory):
+    """Pass t of a cached decode over the tree's canvases scores every slot as the training forward's row of that pass
+    does (content and log p(l)), the cache holding only what earlier passes inserted."""
     model, d = build(data, *flags)
     src = random_source_batch(d, [5, 3, 8])["net_input"]
     y, n = targets(d, [7, 1, 12], seed=1)
-    levels = PD.framed_levels(n, y.size(1))
+    torch.manual_seed(4)
+    levels = PD.framed_levels(n, y.size(1), trajectory)
+    depth = levels[:, 1:-1].masked_fill(levels[:, 1:-1] > y.size(1), -1).amax(1) + 1  # (B,) passes less the last
     with torch.no_grad():
         out = model(src["src_tokens"], src["src_lengths"], L.frame(TORCH, y, n, d.bos(), d.eos(), d.pad()),
                     levels=levels, target_lengths=n)
         cache = model.decoding_cache(model.encoder(src["src_tokens"], src_lengths=src["src_lengths"]))
         rows = out.slots.real.flatten().long().cumsum(0).view(out.slots.real.shape) - 1  # (R, S) content row
         compared = 0
-        for t in range(int(C.log2_bound(n).max()) + 1):
+        for t in range(int(depth.max()) + 1):
             framed, fresh, k = canvas_at(y, n, levels, t, d)
             select = L.slot_mask(TORCH, k, framed.size(1) - 1)
             p = model.decode_slots(framed, cache, select, None, fresh)
@@ -146,7 +149,29 @@ def test_cached_passes_give_the_pass_mask_scores(data, flags):
                 torch.testing.assert_close(p.content[first[b]:first[b] + S], out.content[rows[r, :S]],
                                            atol=1e-5, rtol=1e-5)
                 compared += 1
-    assert compared == int((C.log2_bound(n) + 1).sum())
+    assert compared == int((depth + 1).sum())
+    if trajectory == "balanced":
+        assert depth.tolist() == C.log2_bound(n).tolist()
+
+
+def test_sampled_levels_are_a_parallel_order():
+    """Each pass of a sampled order inserts exactly one token into every span still missing some; the centre is the
+    likeliest first token."""
+    g = torch.Generator().manual_seed(5)
+    n = torch.tensor([9] * 300 + [1, 0, 2, 16])
+    N = 16
+    levels = C.sample_tree_levels(n, N, 1.0, g)
+    real = torch.arange(N).unsqueeze(0) < n.unsqueeze(1)
+    assert bool((levels[real] < N).all()) and bool((levels[~real] == N).all())
+    for d in range(int(levels[real].max()) + 1):
+        keep = real & (levels < d)
+        slot, _, _ = C.slot_spans(keep, n)
+        missing = real & ~keep
+        spans = torch.zeros(len(n), N + 1).scatter_add_(1, slot, missing.float()) > 0  # (B, N + 1) nonempty spans
+        inserted = torch.zeros(len(n), N + 1).scatter_add_(1, slot, (missing & (levels == d)).float())
+        assert torch.equal(inserted, spans.float()), d
+    roots = (levels[:300] == 0).float().argmax(1).bincount(minlength=9)
+    assert int(roots.argmax()) == 4 and int(roots[4]) < 300  # the centre most often, not always
 
 
 def test_trajectory_rows_are_the_tree_passes():
@@ -308,3 +333,10 @@ def test_refusals(trained, data, tmp_path):
         build(data, "--recomputed-layers", "3")
     with pytest.raises(ValueError, match="--recomputed-layers 1: takes --cached-decoder"):
         build_model(data, "--recomputed-layers", "1")
+
+
+def test_training_on_sampled_trajectories(data, tmp_path):
+    proc = run(train_args(data, tmp_path / "sampled", "--cached-decoder", "--trajectory", "sampled",
+                          "--max-update", "3", "--disable-validation", "--no-epoch-checkpoints"))
+    losses = [float(x) for x in re.findall(r"\| loss ([0-9.]+)", proc.stdout + proc.stderr)]
+    assert losses and all(0 < x < 100 for x in losses)
