@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
 LAYERS = ["errors", "config", "loop", "slots", "quantization", "preprocess", "export_format", "runtime", "decoding",
           "canvas", "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "closure", "weights",
-          "slot_head", "fast_decoder", "pass_decoder", "checkpoints", "hub_interface", "model", "criterion", "generator", "rerank", "task",
-          "hub", "export", "__init__", "__main__"]
+          "slot_head", "fast_decoder", "pass_decoder", "checkpoints", "hub_interface", "model", "criterion",
+          "generator", "rerank", "task", "hub", "export", "__init__", "__main__"]
 SUBPACKAGES = {"runtime", "export", "loop"}  # imported by its name from the modules above it
 
 
