@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -149,12 +149,12 @@ def argmax_block(width: int) -> Optional[int]:
     return size if below > 1 else None
 
 
-def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: str, eos_penalty: str, no_end: str,
-                 k: str, ids: Optional[str] = None, names: Sequence[str] = ("tokens", "log_probs", "eos_log_probs")
-                 ) -> Sequence[str]:
+def choose_graph(g: Any, rule: SlotRule, content: str, inputs: Mapping[str, str], k: str, ids: Optional[str] = None,
+                 names: Sequence[str] = ("tokens", "log_probs", "eos_log_probs")) -> Sequence[str]:
     """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
-    scores, with the inputs ``classes`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1) and
-    ``k`` (1,): outputs ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
+    scores, with the rule inputs ``inputs`` (the graph's value of each :data:`~fairseq_insertion.loop.FEEDS` name:
+    ``word_edges`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1)) and ``k`` (1,): outputs
+    ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
     ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
     ``names``: the three outputs' names (returned).
 
@@ -165,6 +165,7 @@ def choose_graph(g: Any, rule: SlotRule, content: str, classes: str, blocked: st
     exclusion table and the k-best ``TopK`` (each a pass over the table, the top-k 3-4 times an ``ArgMax``'s) run
     only in the branch for a batch that has a slot of class > 0 or k > 1."""
     V = rule.excluded.shape[1]
+    classes, blocked, eos_penalty, no_end = (inputs[n] for n in ("word_edges", "blocked", "eos_penalty", "no_end"))
     if ids is not None:  # the padding (id V) takes no part
         content = g.op("Where", g.op("Equal", ids, g.const(np.asarray(V, np.int64), "padding_id")),
                        g.scalar(NEG_INF), content)  # (N, L)
@@ -247,10 +248,12 @@ def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chose
     return out_tokens, out_log_probs, out_eos
 
 
-def closing_graph(g: Any, closure: Any, states: str, eos_penalty: str, no_end: str) -> Tuple[str, str]:
+def closing_graph(g: Any, closure: Any, states: str, inputs: Mapping[str, str]) -> Tuple[str, str]:
     """In the pass graph: the closure head (``closure``: a :class:`~fairseq_insertion.closure.SlotClosure`) on the
-    open slots' ``states`` (N, C), as :func:`may_close` and the model's ``decode_slots``: the indices of the slots
-    it leaves open (N',) and its log-probability that each slot closes (N, 1)."""
+    open slots' ``states`` (N, C) with their rule ``inputs`` (as :func:`choose_graph`'s), as :func:`may_close` and
+    the model's ``decode_slots``: the indices of the slots it leaves open (N',) and its log-probability that each
+    slot closes (N, 1)."""
+    eos_penalty, no_end = inputs["eos_penalty"], inputs["no_end"]
     hidden = g.op("Relu", g.op("Add", g.op("MatMul", states, g.const(closure.hidden.weight.t(), "closure_hidden")),
                                g.const(closure.hidden.bias, "closure_hidden_bias")))  # (N, C): int8 in an int8 export
     logits = g.op("Gemm", hidden, g.const(closure.out.weight, "closure_out"), g.const(closure.out.bias,
@@ -296,10 +299,11 @@ def ending(lookahead: Any, states: Any, tokens: Any, log_probs: Any, eos_log_pro
 
 
 def ending_graph(g: Any, lookahead: Any, states: str, tokens: str, log_probs: str, eos_log_probs: str,
-                 eos_penalty: str, no_end: str, k: str, eos: int) -> None:
-    """In the pass graph: the look-ahead closure on the open slots' ``states`` (N, C) and the pass's outputs
-    ``tokens``, ``log_probs``, ``eos_log_probs``, as :func:`ending` with :func:`may_close`: writes the outputs
-    ``ends`` (N, 1) bool and ``end_log_probs`` (N, 1)."""
+                 inputs: Mapping[str, str], k: str, eos: int) -> None:
+    """In the pass graph: the look-ahead closure on the open slots' ``states`` (N, C) with their rule ``inputs`` (as
+    :func:`choose_graph`'s) and the pass's outputs ``tokens``, ``log_probs``, ``eos_log_probs``, as :func:`ending`
+    with :func:`may_close`: writes the outputs ``ends`` (N, 1) bool and ``end_log_probs`` (N, 1)."""
+    eos_penalty, no_end = inputs["eos_penalty"], inputs["no_end"]
     w = g.op("Gather", tokens, g.const(np.asarray(0, np.int64), "first_column"), axis=1)  # (N,)
     first = g.op("Slice", log_probs, g.ints(0), g.ints(1), g.ints(1))  # (N, 1)
     scores = g.op("Concat", first, eos_log_probs, axis=1)  # (N, 2)

@@ -18,7 +18,7 @@ from onnx import TensorProto  # noqa: E402
 from fairseq_insertion.decoding import TORCH  # noqa: E402
 from fairseq_insertion.export import ExportError, Graph, export_model  # noqa: E402
 from fairseq_insertion.export.graph import _io  # noqa: E402
-from fairseq_insertion.loop import NUMPY, SlotInputs, shortlist_positions  # noqa: E402
+from fairseq_insertion.loop import FEEDS, NUMPY, SlotInputs, shortlist_positions  # noqa: E402
 from fairseq_insertion.slots import (  # noqa: E402
     Shortlist,
     SlotRule,
@@ -42,7 +42,7 @@ def step_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort
 
 def step_model(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "onnx.ModelProto":
     g = Graph("step")
-    choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k")
+    choose_graph(g, rule_of(joins_next, joins_prev), "content", {f.name: f.name for f in FEEDS}, "k")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", V]), _io("blocked", TensorProto.INT64, ["open", "m"]),
                      _io("eos_penalty", TensorProto.FLOAT, ["open", 1]), _io("word_edges", TensorProto.INT64, ["open"]),
                      _io("no_end", TensorProto.BOOL, ["open", 1]), _io("k", TensorProto.INT64, [1])],
@@ -186,7 +186,7 @@ def test_unkpen_on_torch_is_the_whole_tables_and_the_export_refuses_it(tmp_path)
 
 def shortlist_session(V: int, joins_next: np.ndarray, joins_prev: np.ndarray) -> "ort.InferenceSession":
     g = Graph("step")
-    choose_graph(g, rule_of(joins_next, joins_prev), "content", "word_edges", "blocked", "eos_penalty", "no_end", "k",
+    choose_graph(g, rule_of(joins_next, joins_prev), "content", {f.name: f.name for f in FEEDS}, "k",
                  ids="ids")
     model = g.model([_io("content", TensorProto.FLOAT, ["open", "L"]), _io("ids", TensorProto.INT64, ["open", "L"]),
                      _io("blocked", TensorProto.INT64, ["open", "m"]),

@@ -233,13 +233,12 @@ def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
             _io("src_mask", TensorProto.INT32, ["rows", "source"])]
 
 
-def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, blocked: str, eos_penalty: str,
-          no_end: str, k: str, shortlisted: bool = False) -> None:
+def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, inputs: Dict[str, str], k: str,
+          shortlisted: bool = False) -> None:
     """One decoding pass into ``g``: the decoder over the ``framed`` canvases (A, W) with the source side
-    (:func:`_source_inputs`), the slot head at the ``open_slots`` (N,) and the slot rule with its inputs (``classes``
-    (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1), ``k`` (1,);
-    :func:`~fairseq_insertion.slots.choose_graph`): writes the values ``tokens``, ``log_probs`` (N, k),
-    ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
+    (:func:`_source_inputs`), the slot head at the ``open_slots`` (N,) and the slot rule with its ``inputs`` (by
+    :data:`~fairseq_insertion.loop.FEEDS` name) and ``k`` (1,) (:func:`~fairseq_insertion.slots.choose_graph`):
+    writes the values ``tokens``, ``log_probs`` (N, k), ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
     d = dec.dictionary
     bos, eos, pad = d.bos(), d.eos(), d.pad()
     L = len(dec.layers)
@@ -251,7 +250,7 @@ def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, 
     closure, lookahead = getattr(dec, "closure", None), getattr(dec, "lookahead", None)
     if closure is None and lookahead is None:
         content, ids = _slot_head(g, x, keep, head, open_slots, shortlisted)  # (N, V) or (N, L) each
-        choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k, ids)
+        choose_graph(g, rule, content, inputs, k, ids)
         return
     if shortlisted:
         raise ExportError("a model with a slot-closure head or a look-ahead closure cannot be exported with "
@@ -259,23 +258,22 @@ def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, classes: str, 
     states, _ = _slot_head(g, x, keep, head, open_slots, project=False)  # (N, C)
     if closure is None:
         content = g.op("MatMul", states, g.const(head.output.weight.t(), "output_projection"))  # (N, V)
-        choose_graph(g, rule, content, classes, blocked, eos_penalty, no_end, k)
+        choose_graph(g, rule, content, inputs, k)
     else:
-        _closing(g, closure, states, head, rule, classes, blocked, eos_penalty, no_end, k)
+        _closing(g, closure, states, head, rule, inputs, k)
     if lookahead is not None:
-        ending_graph(g, lookahead, states, "tokens", "log_probs", "eos_log_probs", eos_penalty, no_end, k, eos)
+        ending_graph(g, lookahead, states, "tokens", "log_probs", "eos_log_probs", inputs, k, eos)
 
 
-def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, rule: SlotRule, classes: str,
-             blocked: str, eos_penalty: str, no_end: str, k: str) -> None:
+def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, rule: SlotRule,
+             inputs: Dict[str, str], k: str) -> None:
     """The slot-closure head, then the slot rule on the open slots' ``states`` (N, C) it leaves open."""
-    eos = rule.eos
-    rows, close_log_probs = closing_graph(g, closure, states, eos_penalty, no_end)  # (N',), (N, 1)
-    left = lambda value: g.op("Gather", value, rows, axis=0)  # noqa: E731  the slots left open
-    content = g.op("MatMul", left(states), g.const(head.output.weight.t(), "output_projection"))  # (N', V)
-    chosen = choose_graph(g, rule, content, left(classes), left(blocked), left(eos_penalty), left(no_end), k,
-                          names=("open_tokens", "open_log_probs", "open_eos_log_probs"))
-    closing_outputs(g, rows, close_log_probs, eos_penalty, eos, chosen)
+    rows, close_log_probs = closing_graph(g, closure, states, inputs)  # (N',), (N, 1)
+    left = {name: g.op("Gather", value, rows, axis=0) for name, value in inputs.items()}  # the slots left open
+    content = g.op("MatMul", g.op("Gather", states, rows, axis=0), g.const(head.output.weight.t(),
+                                                                            "output_projection"))  # (N', V)
+    chosen = choose_graph(g, rule, content, left, k, names=("open_tokens", "open_log_probs", "open_eos_log_probs"))
+    closing_outputs(g, rows, close_log_probs, inputs["eos_penalty"], rule.eos, chosen)
 
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
@@ -285,7 +283,7 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
     encoder graph)."""
     dec = model.decoder
     g = Graph("insertion_pass")
-    _pass(g, dec, "framed", "open_slots", "word_edges", "blocked", "eos_penalty", "no_end", "k", shortlisted)
+    _pass(g, dec, "framed", "open_slots", {f.name: f.name for f in FEEDS}, "k", shortlisted)
     C = dec.output_projection.weight.size(1)
     listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
               _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []

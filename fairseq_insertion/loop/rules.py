@@ -11,6 +11,7 @@ made from :data:`FEEDS`, the rules' feeds in order; tokens barred by several rul
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -102,16 +103,12 @@ RULES = (Repetition(), NoUnk(), EosPenalty(), WordEdges())
 FEEDS: Tuple[Feed, ...] = tuple({f.name: f for rule in RULES for f in rule.feeds}.values())
 
 
-class SlotInputs(NamedTuple):
-    """What the open slots (N, row-major) bring to the slot rule besides their scores: one field a :data:`FEEDS`
-    entry (None: every slot its fill), then the shortlist."""
-
-    blocked: Optional[Array]  # (N, M) tokens barred, with a shortlist their positions in it
-    eos_penalty: Any  # (N,) each slot's beta, or one beta (a float) for all
-    word_edges: Optional[Array]  # (N,) each slot's word-edge class
-    no_end: Optional[Array]  # (N,) end-of-slot barred
-    shortlist: Optional[Array] = None  # (A, L) each canvas's shortlist (Canvases.shortlist); None: every token
-    slot_rows: Optional[Array] = None  # (N,) the canvas of each open slot, with a shortlist
+SlotInputs = namedtuple("SlotInputs", [f.name for f in FEEDS] + ["shortlist", "slot_rows"], defaults=(None, None))
+SlotInputs.__doc__ = """What the open slots (N, row-major) bring to the slot rule besides their scores: one field a
+:data:`FEEDS` entry (None: every slot its fill; ``blocked`` (N, M) tokens barred, with a shortlist their positions
+in it; ``eos_penalty`` (N,) each slot's beta or one float for all; ``word_edges`` (N,) each slot's word-edge class;
+``no_end`` (N,) end-of-slot barred), then ``shortlist`` (A, L) each canvas's list (:attr:`Canvases.shortlist`; None:
+every token) and ``slot_rows`` (N,) the canvas of each open slot, with a shortlist."""
 
 
 def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: Bounds) -> SlotInputs:
