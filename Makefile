@@ -19,7 +19,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# CPU torch wheel first: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[test,plot,deploy,bench]"
+	$(PY) -m pip install -e ".[test,plot,deploy,bench,serve]"
 	touch $@
 
 lint: install

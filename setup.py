@@ -25,6 +25,9 @@ setup(
         "deploy": ["onnx>=1.14", "onnxruntime>=1.16"],
         # the deployment-engine benchmark's peer
         "bench": ["ctranslate2>=4"],
+        # python -m fairseq_insertion.serve (docs/deploy.md): the HTTP server, and the client of its tests
+        "serve": ["aiohttp>=3.9"],
     },
+    package_data={"fairseq_insertion.serve": ["page.html"]},
     license="MIT",
 )

@@ -78,7 +78,7 @@ def generator_hypotheses(model, task, config: DecodingConfig, batch: int):
 def runtime_hypotheses(translator: Translator, task, config: DecodingConfig, batch: int):
     opts = translator.options(**{k: getattr(config, k) for k in RUNTIME_OPTIONS})
     ids = [s.numpy() for s in sources(task)]
-    return [(t.tolist(), s) for (t, s, _), *_ in translator.translate_ids(ids, batch, opts)]
+    return [(c.ids.tolist(), c.score) for c, *_ in translator.translate_ids(ids, batch, opts)]
 
 
 @pytest.mark.parametrize("decoding", ["parallel", "greedy"])

@@ -94,7 +94,7 @@ def runtime_outputs(translator, sample, cons, config, batch):
     ids = [src[b, src.size(1) - int(n):].numpy() for b, n in enumerate(lengths)]  # left-padded
     opts = translator.options(**{k: getattr(config, k) for k in RUNTIME_OPTIONS})
     given = [[np.asarray(c, dtype=np.int64) for c in cs] for cs in cons]
-    return [(t.tolist(), s) for (t, s, _), *_ in translator.translate_ids(ids, batch, opts, given)]
+    return [(c.ids.tolist(), c.score) for c, *_ in translator.translate_ids(ids, batch, opts, given)]
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))

@@ -52,11 +52,13 @@ class TranslationResult:
     """One input's result, as CTranslate2 gives it: ``hypotheses`` (token lists, best first) and
     their ``scores`` (log-probability of the decode / (n + 1) ** lenpen; with a scorer, the reranking
     score: (scorer's + rerank_weight x the decode's log-probability) / (n + 1) ** lenpen);
-    ``iterations``: the steps that inserted at least one token."""
+    ``iterations``: the steps that inserted at least one token; ``passes`` (with ``return_passes``): each
+    hypothesis's canvas after every step that inserted a token, the last its hypothesis."""
 
     hypotheses: List[List[str]]
     scores: List[float]
     iterations: List[int] = field(default_factory=list)
+    passes: List[List[List[str]]] = field(default_factory=list)
 
 
 class Candidate(NamedTuple):
@@ -65,6 +67,18 @@ class Candidate(NamedTuple):
     ids: np.ndarray
     score: float
     iterations: int
+    passes: Optional[Sequence[np.ndarray]] = None  # its canvas after each step that inserted a token (return_passes)
+
+
+class Limits(NamedTuple):
+    """Each input's (B,) length limit (min(max_len_a x source length + max_len_b, max target positions - 2)), whether
+    its source is over the model's positions, whether its constraints are over its length limit, and how many tokens
+    its constraints hold; an input too long or unfit is translated as empty."""
+
+    max_len: np.ndarray
+    too_long: np.ndarray
+    unfit: np.ndarray
+    held: np.ndarray
 
 
 class Translator:
@@ -149,14 +163,15 @@ class Translator:
 
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
                         constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None, num_hypotheses: int = 1,
-                        **options: Any) -> List[TranslationResult]:
+                        return_passes: bool = False, **options: Any) -> List[TranslationResult]:
         """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
         :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
         sentences decoded together (0: all; sentences of similar length go together).
         constraints: per input, its hard constraints, each a list of target pieces (``___``: a
         template gap), in the order they must appear. num_hypotheses: how many of each input's
-        candidates to return, best first (at most first_insertions x eos_penalties). options: decoding
-        options (see the module), the export's values by default. A source or constraints that are not
+        candidates to return, best first (at most first_insertions x eos_penalties). return_passes: each
+        hypothesis's canvas after every pass too (:attr:`TranslationResult.passes`). options: decoding options (see
+        the module), the export's values by default. A source or constraints that are not
         lists of token lists (non-empty strings without whitespace), or a max_batch_size that is not an
         integer >= 0, is refused with a TranslatorError naming it."""
         check_source(source)
@@ -171,7 +186,8 @@ class Translator:
                                   "applies to unconstrained decoding, not with constraints=")
         given = None if constraints is None else self.encode_constraints(constraints, len(source))
         ids = [self.encode(tokens) for tokens in source]
-        return [self._result(candidates[:k]) for candidates in self.translate_ids(ids, max_batch_size, opts, given)]
+        return [self._result(candidates[:k]) for candidates in self.translate_ids(ids, max_batch_size, opts, given,
+                                                                                  bool(return_passes))]
 
     def translate_text(self, lines: Sequence[str], max_batch_size: int = 0,
                        preprocessing: Optional[Preprocessing] = None,
@@ -252,21 +268,28 @@ class Translator:
             out.append(row)
         return out
 
-    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
-                      constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> List[List[Candidate]]:
-        """Every source id array's candidates (``opts.candidates``: per first insertion, one per EOS penalty),
-        best first, in input order; ``constraints``: each input's constraints as target ids (pad: a template
-        gap)."""
-        lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
-        too_long = lengths > self.max_source_positions
-        for i in np.flatnonzero(too_long).tolist():
-            logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
-                           i, lengths[i], self.max_source_positions)
+    def limits(self, ids: Sequence[np.ndarray], opts: DecodingConfig,
+               constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> Limits:
+        """Each source id array's length limit and whether it can be translated (:class:`Limits`)."""
+        lengths = np.asarray([len(x) for x in ids], dtype=np.int64)  # (B,)
         limit = self.max_target_positions - 2
         max_len = L.length_limit(L.NUMPY, lengths, opts, limit)  # (B,) as fairseq's
         held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64) \
             if constraints is not None else np.zeros(len(ids), np.int64)  # (B,) constraint tokens
         max_len, unfit = L.length_limits(L.NUMPY, max_len, lengths <= 1, held, limit)
+        return Limits(max_len, lengths > self.max_source_positions, unfit, held)
+
+    def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
+                      constraints: Optional[Sequence[Sequence[np.ndarray]]] = None, passes: bool = False
+                      ) -> List[List[Candidate]]:
+        """Every source id array's candidates (``opts.candidates``: per first insertion, one per EOS penalty),
+        best first, in input order; ``constraints``: each input's constraints as target ids (pad: a template
+        gap); ``passes``: with each candidate's canvas after every pass."""
+        max_len, too_long, unfit, held = self.limits(ids, opts, constraints)
+        lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
+        for i in np.flatnonzero(too_long).tolist():
+            logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
+                           i, lengths[i], self.max_source_positions)
         for i in np.flatnonzero(unfit & ~too_long).tolist():
             logger.warning("input %d: its constraints hold %d tokens, over the length limit %d (min(max_len_a * "
                            "source length + max_len_b, max target positions - 2)); its translation is empty",
@@ -276,13 +299,15 @@ class Translator:
             constraints = [[] if unfit[i] else cs for i, cs in enumerate(constraints)]
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
-        results: List[List[Candidate]] = [[Candidate(np.zeros(0, np.int64), 0.0, 0)] * opts.candidates] * len(ids)
+        empty = Candidate(np.zeros(0, np.int64), 0.0, 0, [] if passes else None)  # too long a source
+        results: List[List[Candidate]] = [[empty] * opts.candidates] * len(ids)
         with collector_paused():
             for b in range(0, len(ids), size):
                 batch = [int(i) for i in order[b:b + size] if not too_long[i]]
                 if batch:
                     given = None if constraints is None else [constraints[i] for i in batch]
-                    for i, r in zip(batch, self._decode_batch([ids[i] for i in batch], opts, max_len[batch], given)):
+                    decoded = self._decode_batch([ids[i] for i in batch], opts, max_len[batch], given, passes)
+                    for i, r in zip(batch, decoded):
                         results[i] = r
         return results
 
@@ -294,9 +319,10 @@ class Translator:
         return L.Start.blank(L.NUMPY, B, np.zeros(0, np.int64), self.pad)
 
     def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig, max_len: np.ndarray,
-                      constraints: Optional[List[List[np.ndarray]]] = None) -> List[List[Candidate]]:
+                      constraints: Optional[List[List[np.ndarray]]] = None, passes: bool = False
+                      ) -> List[List[Candidate]]:
         """Decode one batch of source ids, each within its length limit ``max_len`` (B,): each sentence's
-        candidates, best first."""
+        candidates, best first; ``passes``: with their canvases after every pass."""
         B, n = len(ids), opts.candidates
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
@@ -311,17 +337,20 @@ class Translator:
         backend = OnnxBackend(self._pass, self._scorer, src, self._constants, self.eos, self.pad)
         options = L.DecodeOptions(opts, self.termination, self.bos, self.eos, self.pad, self.unk,
                                   self._joins_next if self.word_scheme != "none" else None)
-        found = L.decode(backend, source, start, max_len, options, shortlist=shortlist)
+        found = L.decode(backend, source, start, max_len, options, record=_record if passes else None,
+                         shortlist=shortlist)
         out = found.canvases
         order = (found.order + n * np.arange(B)[:, None]).reshape(-1)  # (B n,) best first
         L.tally(self.stats, found)
-        candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]))
-                      for r in order.tolist()]
+        candidates = [Candidate(out.tokens[r, :out.lengths[r]], float(found.score[r]), int(out.iterations[r]),
+                                out.history[r] if passes else None) for r in order.tolist()]
         return [candidates[b * n:(b + 1) * n] for b in range(B)]
 
     def _result(self, candidates: Sequence[Candidate]) -> TranslationResult:
-        return TranslationResult(hypotheses=[[self.target_symbols[i] for i in c.ids.tolist()] for c in candidates],
-                                 scores=[c.score for c in candidates], iterations=[c.iterations for c in candidates])
+        symbols = lambda ids: [self.target_symbols[i] for i in ids.tolist()]  # noqa: E731
+        return TranslationResult(hypotheses=[symbols(c.ids) for c in candidates], scores=[c.score for c in candidates],
+                                 iterations=[c.iterations for c in candidates],
+                                 passes=[[symbols(p) for p in c.passes] for c in candidates if c.passes is not None])
 
 
 @contextlib.contextmanager
@@ -336,3 +365,9 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def _record(state: L.Canvases, inserted: np.ndarray) -> None:
+    """``return_passes``: the canvas of every row that inserted a token in this step, kept in its history."""
+    for i in np.flatnonzero(inserted).tolist():
+        state.history[int(state.rows[i])].append(state.tokens[i, :state.lengths[i]].copy())
