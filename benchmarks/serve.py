@@ -19,7 +19,9 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import gzip
 import json
+import logging
 import os
 import platform
 import signal
@@ -48,13 +50,15 @@ def server(export: Path, *flags: str, threads: int = 1, wait_s: float = 120) -> 
     port = free_port()
     cmd = [sys.executable, "-m", "fairseq_insertion.serve", str(export), "--port", str(port), "--threads",
            str(threads), *flags]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile("w+")  # its log (one line a request): a pipe nobody reads would fill and stop it
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + wait_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the service exited ({proc.returncode}): {proc.stdout.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"the service exited ({proc.returncode}): {log.read()[-2000:]}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             if time.monotonic() > deadline:
@@ -68,7 +72,7 @@ def server(export: Path, *flags: str, threads: int = 1, wait_s: float = 120) -> 
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        proc.stdout.close()
+        log.close()
 
 
 async def post(session: Any, url: str, body: Any, timeout: float = 120) -> Any:
@@ -116,7 +120,11 @@ def percentiles(latencies: Sequence[float]) -> Dict[str, float]:
 def load(args: argparse.Namespace) -> Dict[str, Any]:
     from fairseq_insertion.runtime import Translator
 
-    lines = (Path(args.data) / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
+    path = Path(args.data) / "test_2016_flickr.en"
+    text = path.read_text(encoding="utf-8") if path.exists() else gzip.decompress(
+        path.with_suffix(".en.gz").read_bytes()).decode("utf-8")
+    lines = text.splitlines()
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
     translator = Translator(args.export, intra_threads=args.threads)
     expected = translator.translate_text(lines, 128)  # every line's translation, as the runtime gives it
     direct = []
@@ -125,18 +133,20 @@ def load(args: argparse.Namespace) -> Dict[str, Any]:
         translator.translate_text([line])
         direct.append(time.perf_counter() - start)
     out: Dict[str, Any] = {"direct_one_line": {"calls": len(direct), **percentiles(direct)}, "settings": []}
-    for batched in (True, False):
-        flags = ("--max-batch-size", "32" if batched else "1", "--max-wait-ms", str(args.max_wait_ms))
+    for batched in (True, False)[:2 - args.batched_only]:
+        flags = ("--max-batch-size", str(args.max_batch_size) if batched else "1", "--max-wait-ms",
+                 str(args.max_wait_ms), "--workers", str(args.workers))
         with server(Path(args.export), *flags, threads=args.threads) as url:
+            asyncio.run(clients(url, lines, 8, 4))  # warm-up, not measured
             for n in args.clients:
                 each = max(1, args.requests // n)
+                calls = asyncio.run(_health(url))["translate_batch_calls"]
                 got = asyncio.run(clients(url, lines, n, each))
                 wrong = [k for k, text in got["answers"].items() if text != expected[k]]
-                health = asyncio.run(_health(url))
                 row = {"batching": batched, "clients": n, "requests": n * each,
                        "lines_per_s": round(n * each / got["wall_s"], 2), **percentiles(got["latencies"]),
-                       "answers_unlike_translate_batch": len(wrong), "translate_batch_calls": health[
-                           "translate_batch_calls"]}
+                       "answers_unlike_translate_batch": len(wrong),
+                       "translate_batch_calls": asyncio.run(_health(url))["translate_batch_calls"] - calls}
                 out["settings"].append(row)
                 print(json.dumps(row), flush=True)
     return out
@@ -254,13 +264,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("load", help="throughput and latency under concurrent clients")
     lp.add_argument("--export", required=True)
-    lp.add_argument("--data", required=True, help="raw Multi30k (test_2016_flickr.en)")
+    lp.add_argument("--data", required=True, help="raw Multi30k (test_2016_flickr.en or .en.gz)")
     lp.add_argument("--out", required=True)
     lp.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
     lp.add_argument("--requests", type=int, default=512, help="requests a setting, shared by its clients")
-    lp.add_argument("--direct", type=int, default=200, help="direct one-line calls")
-    lp.add_argument("--max-wait-ms", type=float, default=5.0)
-    lp.add_argument("--threads", type=int, default=1)
+    lp.add_argument("--direct", type=int, default=512, help="direct one-line calls (the lines the one client sends)")
+    lp.add_argument("--max-wait-ms", type=float, default=0.0)
+    lp.add_argument("--threads", type=int, default=1, help="onnxruntime's threads a decode")
+    lp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the service's decodes at once")
+    lp.add_argument("--max-batch-size", type=int, default=32)
+    lp.add_argument("--batched-only", action="store_true", help="leave out the service without batching")
     pp = sub.add_parser("page", help="a screenshot of the page with a sentence translated")
     pp.add_argument("--export", required=True)
     pp.add_argument("--out", required=True)
@@ -270,7 +283,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pp.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     if args.command == "load":
-        result = {"machine": machine(), "threads": args.threads, "max_wait_ms": args.max_wait_ms,
+        result = {"machine": machine(), "threads": args.threads, "workers": args.workers,
+                  "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                   "command": "python -m benchmarks.serve load --export EXPORT --data DATA --out OUT", **load(args)}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     else:

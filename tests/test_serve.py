@@ -157,8 +157,8 @@ def test_a_client_that_goes_away_and_a_stop_with_requests_in_flight_lose_nothing
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "fairseq_insertion.serve", str(out), "--port", str(port),
-                             "--threads", "1", *port_flags], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             "--threads", "1", *port_flags], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
     async def stopped():
@@ -179,7 +179,6 @@ def test_a_client_that_goes_away_and_a_stop_with_requests_in_flight_lose_nothing
         assert proc.wait(60) == 0
     finally:
         proc.kill()
-        proc.stdout.close()
     assert [(s, a["translations"][0]["text"]) for s, a in answers] == [(200, text) for text in want]
 
 

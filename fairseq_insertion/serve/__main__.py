@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -15,7 +16,7 @@ from . import PAGE, Batcher, RequestError, answer, check_request, settings_diges
 logger = logging.getLogger("fairseq_insertion.serve")
 
 
-def make_app(translator: Any, model_dir: Path, max_batch_size: int = 32, max_wait_ms: float = 5.0,
+def make_app(translator: Any, model_dir: Path, max_batch_size: int = 32, max_wait_ms: float = 0.0,
              max_lines: int = 64, workers: int = 1) -> Any:
     """The aiohttp application over ``translator`` (the runtime's, of the export ``model_dir``)."""
     from aiohttp import web
@@ -72,12 +73,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--max-batch-size", type=int, default=32, help="at most this many lines in one decode")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
                    help="how long a request waits for others to share its decode (0: a decode takes the requests "
                    "queued when it starts; --max-batch-size 1: no batching across requests)")
     p.add_argument("--max-lines", type=int, default=64, help="at most this many lines in one request")
-    p.add_argument("--workers", type=int, default=1, help="decodes run at once, each on its own thread")
-    p.add_argument("--threads", type=int, default=0, help="onnxruntime's threads per decode (0: every core)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="decodes run at once, each on its own thread (default: one a core)")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime's threads a decode (0: every core)")
     args = p.parse_args(argv)
     for name in ("max_batch_size", "max_lines", "workers"):
         if getattr(args, name) < 1:
