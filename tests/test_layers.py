@@ -17,10 +17,10 @@ from typing import Dict, Set
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_insertion"
 NAME = PACKAGE.name
 LAYERS = ["errors", "config", "loop", "slots", "quantization", "preprocess", "export_format", "runtime", "decoding",
-          "canvas", "visualize", "precision", "fairseq_fixes", "constraints", "shortlist", "closure", "weights",
-          "slot_head", "fast_decoder", "pass_decoder", "checkpoints", "hub_interface", "model", "criterion",
+          "canvas", "visualize", "serve", "precision", "fairseq_fixes", "constraints", "shortlist", "closure",
+          "weights", "slot_head", "fast_decoder", "pass_decoder", "checkpoints", "hub_interface", "model", "criterion",
           "generator", "rerank", "task", "hub", "export", "__init__", "__main__"]
-SUBPACKAGES = {"runtime", "export", "loop"}  # imported by its name from the modules above it
+SUBPACKAGES = {"runtime", "export", "loop", "serve"}  # imported by its name from the modules above it
 
 
 def sibling_imports(source: str, module: str) -> Set[str]:
