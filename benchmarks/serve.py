@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 8, 32, 128)
@@ -87,10 +87,11 @@ async def post(session: Any, url: str, body: Any, timeout: float = 120) -> Any:
 
 async def clients(url: str, lines: Sequence[str], n: int, each: int) -> Dict[str, Any]:
     """``n`` concurrent clients, each sending ``each`` requests of one line (line i of client c: ``lines[(c * each +
-    i) % len(lines)]``) one after another: every answer by line index, each request's latency, the wall time."""
+    i) % len(lines)]``) one after another: every answer as (line index, text), each request's latency, the wall
+    time."""
     import aiohttp
 
-    answers: Dict[int, str] = {}
+    answers: List[Tuple[int, str]] = []
     latencies: List[float] = []
 
     async def client(c: int, session: Any) -> None:
@@ -101,7 +102,7 @@ async def clients(url: str, lines: Sequence[str], n: int, each: int) -> Dict[str
             latencies.append(time.perf_counter() - start)
             if status != 200:
                 raise RuntimeError(f"line {k}: {status} {answer}")
-            answers[k] = answer["translations"][0]["text"]
+            answers.append((k, answer["translations"][0]["text"]))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
@@ -142,7 +143,7 @@ def load(args: argparse.Namespace) -> Dict[str, Any]:
                 each = max(1, args.requests // n)
                 calls = asyncio.run(_health(url))["translate_batch_calls"]
                 got = asyncio.run(clients(url, lines, n, each))
-                wrong = [k for k, text in got["answers"].items() if text != expected[k]]
+                wrong = [k for k, text in got["answers"] if text != expected[k]]
                 row = {"batching": batched, "clients": n, "requests": n * each,
                        "lines_per_s": round(n * each / got["wall_s"], 2), **percentiles(got["latencies"]),
                        "answers_unlike_translate_batch": len(wrong),
@@ -271,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lp.add_argument("--direct", type=int, default=512, help="direct one-line calls (the lines the one client sends)")
     lp.add_argument("--max-wait-ms", type=float, default=0.0)
     lp.add_argument("--threads", type=int, default=1, help="onnxruntime's threads a decode")
-    lp.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the service's decodes at once")
+    lp.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="the service's decodes at once")
     lp.add_argument("--max-batch-size", type=int, default=32)
     lp.add_argument("--batched-only", action="store_true", help="leave out the service without batching")
     pp = sub.add_parser("page", help="a screenshot of the page with a sentence translated")

@@ -54,13 +54,15 @@ def test_answers_are_translate_batchs_and_requests_share_decodes(export, n):
             before = await _health(session, url)
             got = await clients(url, lines, n, 3 if n > 1 else len(lines))
             after = await _health(session, url)
+        assert after["batches_retried"] == 0
         return got, after["requests"] - before["requests"], after["translate_batch_calls"] - before[
             "translate_batch_calls"]
 
     with server(out, "--max-batch-size", "32", "--max-wait-ms", "20") as url:
         got, requests, calls = asyncio.run(go(url))
-    assert len(got["answers"]) == len(lines)
-    assert got["answers"] == dict(enumerate(want))
+    assert len(got["answers"]) == len(got["latencies"]) >= len(lines)
+    assert {k for k, _ in got["answers"]} == set(range(len(lines)))
+    assert all(text == want[k] for k, text in got["answers"])  # every answer, not one a line
     assert requests == len(got["latencies"])
     assert calls == requests if n == 1 else calls < requests / 2  # one client: one call a request
 
@@ -239,3 +241,60 @@ def test_the_page_in_a_browser_shows_the_translation_and_its_passes(export):
     assert len(shown["passes"]) >= 2
     assert [[t for t, _ in row] for row in shown["passes"]] == direct
     assert all(any(new for _, new in row) for row in shown["passes"])
+
+
+class StubTranslator:
+    """translate_batch's interface: each line's hypothesis its pieces reversed; a line ["boom"] fails its call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def translate_batch(self, source, max_batch_size, constraints=None, num_hypotheses=1, return_passes=False):
+        from types import SimpleNamespace
+
+        from fairseq_insertion.runtime import TranslatorError
+
+        self.calls.append((len(source), num_hypotheses, return_passes, constraints is not None))
+        if ["boom"] in source:
+            raise TranslatorError("boom: refused")
+        return [SimpleNamespace(hypotheses=[line[::-1]] * num_hypotheses, scores=[0.0] * num_hypotheses, passes=[])
+                for line in source]
+
+
+def test_the_batcher_keeps_kinds_apart_answers_each_its_own_lines_and_fails_only_the_bad_request():
+    from fairseq_insertion.serve import Batcher, Job
+
+    stub = StubTranslator()
+
+    async def go():
+        batcher = Batcher(stub, max_batch_size=16, max_wait_ms=50, workers=1)
+        batcher.start()
+        jobs = [Job([[f"a{i}", f"b{i}"], [f"c{i}"]], None, 1 + i % 2, i % 3 == 0, False) for i in range(12)]
+        jobs.append(Job([["boom"]], None, 1, False, False))
+        answers = await asyncio.gather(*(batcher.submit(job) for job in jobs), return_exceptions=True)
+        await batcher.stop()
+        return jobs, answers, batcher
+
+    jobs, answers, batcher = asyncio.run(go())
+    for job, got in zip(jobs[:-1], answers):
+        assert [r.hypotheses[0] for r in got] == [line[::-1] for line in job.source]
+        assert len(got[0].hypotheses) == job.num_hypotheses
+    assert isinstance(answers[-1], ValueError) and "boom" in str(answers[-1])
+    assert batcher.retried == 1 and batcher.calls == len(stub.calls)
+    assert len(stub.calls) < len(jobs)  # shared
+    assert all(lines <= 16 for lines, *_ in stub.calls)
+    kinds = {(k, p) for _, k, p, _ in stub.calls}
+    assert kinds == {(1 + i % 2, i % 3 == 0) for i in range(12)} | {(1, False)}
+
+
+def test_passes_with_a_constraint_piece_the_vocabulary_lacks(export):
+    out, translator, lines = export
+    with server(out) as url:
+        async def go():
+            async with aiohttp.ClientSession() as session:
+                return await post(session, url, {"tokens": [lines[0].split()], "constraints": [[["zzz"]]],
+                                                 "passes": True})
+        status, answer = asyncio.run(go())
+    assert status == 200, answer
+    passes = answer["translations"][0]["passes"]
+    assert passes[0]["tokens"] == ["<unk>"] and "<unk>" in passes[-1]["tokens"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,18 +28,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import export_format as F
 from ..errors import InsertionError
-from ..preprocess import GAP, PreprocessError, detokenize, prepare_constraint, prepare_line
+from ..preprocess import PreprocessError, detokenize, prepare_constraint, prepare_line
 from ..visualize import align
 
 FIELDS = ("text", "tokens", "constraints", "num_hypotheses", "passes")
+MAX_CHARS = 10_000  # a raw line's characters, checked before it is prepared
 PAGE = Path(__file__).with_name("page.html")
+logger = logging.getLogger(__name__)
 
 
 class RequestError(InsertionError):
     """A request the service refuses (400): the message names the field."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One checked request: its lines as pieces, their constraints as pieces (None: none), what to answer."""
 
@@ -47,6 +50,7 @@ class Job:
     num_hypotheses: int
     passes: bool
     text: bool  # answer detokenised text (the request gave text)
+    starts: List[List[str]] = field(default_factory=list)  # each line's start canvas (its constraints' pieces)
     arrived: float = field(default_factory=time.monotonic)
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -67,7 +71,7 @@ class Batcher:
         self.arrival = asyncio.Event()
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="translate")
         self.slots = asyncio.Semaphore(workers)
-        self.calls = self.requests = 0
+        self.calls = self.requests = self.retried = 0  # translate_batch calls; requests; batches retried
         self.task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -104,7 +108,6 @@ class Batcher:
                 except asyncio.TimeoutError:
                     break
             batch = self._take(first.key)
-            self.calls += 1
             loop.run_in_executor(self.executor, self._translate, batch).add_done_callback(
                 lambda _: self.slots.release())
 
@@ -126,6 +129,9 @@ class Batcher:
         try:
             results = self._call(batch)
         except Exception:  # noqa: BLE001  the request at fault is found below
+            if len(batch) > 1:
+                self.retried += 1
+                logger.exception("a decode of %d requests failed; each is decoded alone", len(batch))
             for job in batch:
                 try:
                     self._answer(job, self._call([job]))
@@ -138,6 +144,7 @@ class Batcher:
             start += len(job.source)
 
     def _call(self, batch: List[Job]) -> List[Any]:
+        self.calls += 1
         first = batch[0]
         source = [line for job in batch for line in job.source]
         constraints = None if first.constraints is None else [c for job in batch for c in job.constraints]
@@ -186,6 +193,9 @@ def check_request(body: Any, translator: Any, max_lines: int) -> Job:
     opts = translator.options()
     if k > opts.candidates:
         raise RequestError(f"num_hypotheses: {k}, but the export makes {opts.candidates} candidate(s) a sentence")
+    if constraints is not None and opts.first_insertions > 1:
+        raise RequestError(f"constraints: the export decodes from {opts.first_insertions} first insertions, which "
+                           "start from the empty canvas")
     try:
         ids = [translator.encode(line) for line in source]
         given = None if constraints is None else translator.encode_constraints(constraints, len(source))
@@ -199,7 +209,9 @@ def check_request(body: Any, translator: Any, max_lines: int) -> Job:
         if limits.unfit[i]:
             raise RequestError(f"constraints[{i}]: {limits.held[i]} pieces, over the line's length limit "
                                f"{limits.max_len[i]}")
-    return Job(source, constraints, k, passes, name == "text")
+    symbols = translator.target_symbols
+    starts = [[symbols[t] for c in cs for t in c.tolist() if t != translator.pad] for cs in given] if given else []
+    return Job(source, constraints, k, passes, name == "text", starts)
 
 
 def _list(value: Any, where: str) -> list:
@@ -214,6 +226,8 @@ def _line(value: Any, where: str, settings: Any) -> List[str]:
         if settings is not None:
             if not isinstance(value, str):
                 raise RequestError(f"{where}: expected a string, got {type(value).__name__}")
+            if len(value) > MAX_CHARS:
+                raise RequestError(f"{where}: {len(value)} characters, over the service's {MAX_CHARS}")
             pieces = prepare_line(value, settings).split()
         else:
             pieces = _list(value, where)
@@ -247,8 +261,7 @@ def answer(job: Job, results: Sequence[Any], settings: Any) -> List[Dict[str, An
             line["hypotheses"] = [{"text" if job.text else "tokens": show(h), "score": s}
                                   for h, s in zip(r.hypotheses, r.scores)]
         if job.passes:
-            given = [p for phrase in job.constraints[i] for p in phrase if p != GAP] if job.constraints else []
-            line["passes"] = marked(given, r.passes[0] if r.passes else [])
+            line["passes"] = marked(job.starts[i] if job.starts else [], r.passes[0] if r.passes else [])
         out.append(line)
     return out
 

@@ -30,26 +30,29 @@ def make_app(translator: Any, model_dir: Path, max_batch_size: int = 32, max_wai
     async def translate(request: Any) -> Any:
         try:
             body = json.loads(await request.text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, LookupError) as e:
             return refuse(f"the body is not JSON ({e})")
+        except RecursionError:
+            return refuse("the body is not JSON (nested too deeply)")
         try:
             job = check_request(body, translator, max_lines)
         except RequestError as e:
             return refuse(str(e))
         try:
             results = await batcher.submit(job)
+            return web.json_response({"translations": answer(job, results, translator.preprocessing)})
         except InsertionError as e:
             return refuse(str(e).splitlines()[0])
         except Exception as e:  # noqa: BLE001  answered, logged; the other requests go on
             logger.exception("a request failed")
             return refuse(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", 500)
-        return web.json_response({"translations": answer(job, results, translator.preprocessing)})
 
     async def health(_: Any) -> Any:
         return web.json_response({"status": "ok", "model": str(model_dir), "settings_sha256": digest,
                                   "max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms,
                                   "max_lines": max_lines, "workers": workers, "requests": batcher.requests,
-                                  "translate_batch_calls": batcher.calls})
+                                  "translate_batch_calls": batcher.calls,
+                                  "batches_retried": batcher.retried})
 
     async def index(_: Any) -> Any:
         return web.Response(text=page, content_type="text/html")
@@ -77,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="how long a request waits for others to share its decode (0: a decode takes the requests "
                    "queued when it starts; --max-batch-size 1: no batching across requests)")
     p.add_argument("--max-lines", type=int, default=64, help="at most this many lines in one request")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                    help="decodes run at once, each on its own thread (default: one a core)")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime's threads a decode (0: every core)")
     args = p.parse_args(argv)
@@ -92,10 +95,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ImportError:
         print("serve: needs aiohttp (pip install -e \".[serve]\")", file=sys.stderr)
         return 2
+    from ..preprocess import load
     from ..runtime import Translator
 
     try:
         translator = Translator(args.model_dir, intra_threads=args.threads)
+        if translator.preprocessing is not None:  # its codes or model read now, not at the first request
+            load(translator.preprocessing)
     except (InsertionError, OSError, ValueError) as e:
         print(f"serve: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
