@@ -28,17 +28,15 @@ from .driver import (
     tally,
 )
 from .geometry import closed_slots, frame, gather_canvas, insertion_destinations, place, slot_mask
-from .ops import NEG_INF, NUMPY, Array, NumpyOps, Ops
-from .rules import FEEDS, RULES, Feed, SlotInputs, first_insertion_inputs, shortlist_positions, slot_inputs, some_slots
+from .ops import NEG_INF, NUMPY, Ops
+from .rules import FEEDS, RULES, SlotInputs, shortlist_positions, some_slots
 from .starts import Start, constraint_canvas, length_limit, length_limits, pack
-from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
-from .steps import Bounds, DecodeOptions, GreedySequenceStep, GreedySlotStep, ParallelStep, step_rule
+from .state import Canvases, Insertions, SlotScores, open_slots
+from .steps import Bounds, DecodeOptions, ParallelStep
 
-__all__ = ["Array", "Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded", "FEEDS", "Feed", "GreedySequenceStep",
-           "GreedySlotStep", "Insertions", "NEG_INF", "NUMPY", "NumpyOps", "Ops", "ParallelStep", "RULES",
-           "SlotChoice", "SlotInputs", "SlotScores", "Start", "WORD_SCHEMES", "candidate_scores", "candidate_targets",
-           "closed_slots", "constraint_canvas", "decode", "first_insertion_inputs", "frame", "gather_canvas",
-           "insertion_destinations", "length_limit", "length_limits", "new_stats", "open_slots", "pack", "place",
-           "predict", "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_inputs", "slot_mask",
-           "slot_scores", "some_slots", "start_state", "step_rule", "tally", "word_edge_bans", "word_edge_slots",
-           "word_edge_table"]
+__all__ = ["Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded", "FEEDS", "Insertions", "NEG_INF", "NUMPY",
+           "Ops", "ParallelStep", "RULES", "SlotChoice", "SlotInputs", "SlotScores", "Start", "WORD_SCHEMES",
+           "candidate_scores", "candidate_targets", "closed_slots", "constraint_canvas", "decode", "frame",
+           "gather_canvas", "insertion_destinations", "length_limit", "length_limits", "new_stats", "open_slots",
+           "pack", "place", "predict", "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_mask",
+           "some_slots", "tally", "word_edge_bans", "word_edge_slots", "word_edge_table"]
