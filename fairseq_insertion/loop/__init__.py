@@ -14,7 +14,7 @@ canvases are ``[bos] canvas [eos]``, right-padded: slot l lies between columns l
 the standard library and :mod:`fairseq_insertion.config` only.
 """
 
-from .bans import WORD_SCHEMES, repeated_tokens, repeats_a_token, word_edge_bans, word_edge_slots, word_edge_table
+from .bans import repeated_tokens, repeats_a_token, word_edge_bans, word_edge_slots, word_edge_table
 from .driver import (
     Backend,
     Decoded,
@@ -35,7 +35,7 @@ from .state import Canvases, Insertions, SlotScores, open_slots
 from .steps import Bounds, DecodeOptions, ParallelStep
 
 __all__ = ["Backend", "Bounds", "Canvases", "DecodeOptions", "Decoded", "FEEDS", "Insertions", "NEG_INF", "NUMPY",
-           "Ops", "ParallelStep", "RULES", "SlotChoice", "SlotInputs", "SlotScores", "Start", "WORD_SCHEMES",
+           "Ops", "ParallelStep", "RULES", "SlotChoice", "SlotInputs", "SlotScores", "Start",
            "candidate_scores", "candidate_targets", "closed_slots", "constraint_canvas", "decode", "frame",
            "gather_canvas", "insertion_destinations", "length_limit", "length_limits", "new_stats", "open_slots",
            "pack", "place", "predict", "repeated_tokens", "repeats_a_token", "run", "shortlist_positions", "slot_mask",
