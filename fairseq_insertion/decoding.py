@@ -96,8 +96,8 @@ class WordEdges(NamedTuple):
     @classmethod
     def from_dictionary(cls, dictionary, scheme: Optional[str] = None) -> "WordEdges":
         """The word edges of a fairseq dictionary. ``scheme``: one of
-        :data:`fairseq_insertion.loop.bans.WORD_SCHEMES`, or None: the one most of the dictionary's entries are marked for (``@@`` at the end,
-        ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
+        :data:`fairseq_insertion.loop.bans.WORD_SCHEMES`, or None: the one most of the dictionary's entries are
+        marked for (``@@`` at the end, ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
         scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
         return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))
 
