@@ -23,7 +23,6 @@ import gzip
 import json
 import logging
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -252,11 +251,11 @@ def page(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def machine() -> str:
+    """The recipe's machine description (:func:`examples.steps.run_info`), with the CPU's widest int8 instructions."""
+    from examples.steps import run_info
+
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
-    flags = "AVX512-VNNI" if "avx512_vnni" in fields.get("flags", "") else "AVX2"
-    return (f"{fields.get('model name', platform.processor())}, cpu family {fields.get('cpu family', '?')}, "
-            f"{os.cpu_count()} cores, {flags}")
+    return f"{run_info('cpu')['machine']}, {'AVX512-VNNI' if 'avx512_vnni' in info else 'AVX2'}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
