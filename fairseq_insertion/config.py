@@ -18,11 +18,44 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 from .errors import InsertionError
 
-PRECISIONS = ("fp32", "bf16", "int8")  # --decode-precision's; an export's graphs: export_format.EXPORTED
+
+class Precision(NamedTuple):
+    """A precision a model decodes in, everything that depends on it read here: where it is offered (torch's
+    ``--decode-precision``, converted by :mod:`fairseq_insertion.precision`; an export's ``model.precision``),
+    the export's int8 rewrite (``export --int8 SCHEME``, :mod:`fairseq_insertion.export.quantize`) and the
+    onnxruntime graph optimizations its sessions leave out."""
+
+    name: str
+    torch: bool = False  # a choice of --decode-precision
+    exported: bool = False  # an export's model.precision
+    scheme: Optional[str] = None  # export --int8's name for it
+    unfused: Tuple[str, ...] = ()  # onnxruntime optimizations its sessions disable
+
+
+# onnxruntime's fused SkipLayerNormalization (a residual Add with the LayerNormalization after it) runs slower in
+# these graphs than the two nodes apart, with the same outputs; an export of onnxruntime's dynamic quantization keeps
+# it: its rounding moves with the fusion, and it is exported and checked with it
+_SKIP_LAYER_NORM = ("SkipLayerNormFusion",)
+PRECISIONS = {p.name: p for p in (
+    Precision("fp32", torch=True, exported=True, unfused=_SKIP_LAYER_NORM),
+    Precision("bf16", torch=True),  # every floating-point parameter cast; scores and softmaxes stay fp32
+    Precision("int8", torch=True),  # torch's dynamic quantization of every nn.Linear (CPU only)
+    # each position's own activation scale: the outputs the same at every batch size
+    Precision("int8-per-row", exported=True, scheme="per-row", unfused=_SKIP_LAYER_NORM),
+    Precision("int8-dynamic", exported=True, scheme="dynamic"),  # one activation range over the whole batch
+)}
+INT8_SCHEMES = {p.scheme: p for p in PRECISIONS.values() if p.scheme}  # export --int8's choices
+
+
+def offered(where: str) -> Tuple[str, ...]:
+    """The names of the precisions offered ``where``: ``"torch"`` (``--decode-precision``) or ``"exported"``."""
+    return tuple(name for name, p in PRECISIONS.items() if getattr(p, where))
+
+
 # how a model was trained to end a sentence (slot or sequence finalization); greedy decoding stops the same way
 TERMINATIONS = ("slot", "sequence")
 
@@ -207,7 +240,7 @@ class DecodingConfig:
     unkpen: float = _option(0.0, "--unkpen", check=_number)
     retain_history: bool = _option(False, "--retain-iter-history", check=_flag, arg="retain_iter_history")
     precision: str = _option(
-        "fp32", "--decode-precision", TASK, choices=PRECISIONS, arg="decode_precision",
+        "fp32", "--decode-precision", TASK, choices=offered("torch"), arg="decode_precision",
         help="convert the models for decoding: bf16 (bfloat16 weights and activations; CPUs with "
         "AVX512-BF16/AMX, GPUs with bf16), int8 (CPU: dynamic quantization of the linear layers); the same "
         "conversion applies to --rerank-with's model and to an autoregressive transformer decoded through this "

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError
+from .config import RUNTIME_OPTIONS, TERMINATIONS, DecodingConfig, DecodingError, offered
 from .errors import InsertionError
 from .loop.rules import FEEDS
 from .preprocess import PreprocessError, Preprocessing
@@ -28,14 +28,6 @@ VOCABS = {"source": "source_vocab.txt", "target": "target_vocab.txt"}
 CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records the size and sha256 of
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
-# how an int8 export quantized its activations: per row (each position's own scale; outputs the same at every batch
-# size) or onnxruntime's dynamic quantization (one range over the whole batch)
-QUANTIZATIONS = {  # each scheme: whether its sessions keep onnxruntime's SkipLayerNormalization fusion (a residual Add
-    # and the LayerNormalization after it in one kernel), the graph rewrite being export/quantize.py's of that name
-    "per-row": False,  # slower fused in these graphs, the same outputs (as fp32's)
-    "dynamic": True,  # its rounding moves with the fusion: exported and checked with it
-}
-EXPORTED = ("fp32", *(f"int8-{scheme}" for scheme in QUANTIZATIONS))  # model.precision: what the graphs run in
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
 JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
               tuple: "a list of numbers"}
@@ -241,7 +233,7 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
     for key in ("max_source_positions", "max_target_positions", "decoder_layers"):
         checked[key] = where.integer(model, key, "model.", minimum=1)
     checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
-    checked["precision"] = where.choice(model, "precision", EXPORTED, "model.")
+    checked["precision"] = where.choice(model, "precision", offered("exported"), "model.")
     return checked
 
 

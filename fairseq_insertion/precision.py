@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch import nn
 
-from .config import PRECISIONS  # the choices of --decode-precision
+from .config import PRECISIONS, offered
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +24,8 @@ def for_decoding(model: nn.Module, precision: str) -> nn.Module:
     Raises ``ValueError`` naming the option where the precision cannot run here (int8 on a
     GPU or without a quantized engine, bf16 on a GPU without bf16). Converting twice is a no-op.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"--decode-precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in PRECISIONS or not PRECISIONS[precision].torch:
+        raise ValueError(f"--decode-precision must be one of {offered('torch')}, got {precision!r}")
     if precision == "fp32":
         return model
     device = next(model.parameters()).device

@@ -11,6 +11,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from fairseq_insertion import precision as P
+from fairseq_insertion.config import INT8_SCHEMES, PRECISIONS, offered
 from fairseq_insertion.generator import InsertionGenerator
 from tests.utils import PLUGIN, trained_reverse_model
 
@@ -73,7 +74,7 @@ def _transformer(data, precision: str):
 def test_an_autoregressive_transformer_decodes_through_the_task_at_each_precision(trained):
     root, insertion, _ = trained
     outputs = {}
-    for precision in P.PRECISIONS:
+    for precision in offered("torch"):
         task, model, args = _transformer(root / "bin", precision)
         task.load_dataset("test")
         gen = task.build_generator([model], args)
@@ -97,3 +98,19 @@ def test_precision_errors(trained, monkeypatch):
     monkeypatch.setattr(P, "_quantized_engine", lambda: "none")
     with pytest.raises(ValueError, match="--decode-precision int8: this torch build has no quantized engine"):
         P.for_decoding(copy.deepcopy(model), "int8")
+
+
+def test_every_precision_name_comes_from_the_one_table():
+    """--decode-precision's choices, export --int8's, the rewrites and an export's model.precision are the table's."""
+    from fairseq_insertion.export import quantize
+    from fairseq_insertion.export.cli import build_parser
+
+    assert set(offered("torch")) == {"fp32", "bf16", "int8"}
+    assert set(quantize.REWRITES) == set(INT8_SCHEMES) == {"per-row", "dynamic"}
+    assert {p.name for p in INT8_SCHEMES.values()} | {"fp32"} == set(offered("exported"))
+    int8 = next(a for a in build_parser()._actions if "--int8" in a.option_strings)
+    assert tuple(int8.choices) == tuple(INT8_SCHEMES)
+    assert PRECISIONS["int8-dynamic"].unfused == () and PRECISIONS["int8-per-row"].unfused
+    with pytest.raises(ValueError, match=r"--decode-precision must be one of \('fp32', 'bf16', 'int8'\), got "
+                                         r"'int8-per-row'"):
+        P.for_decoding(nn.Linear(2, 2), "int8-per-row")

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .. import preprocess as P
-from ..config import RUNTIME_OPTIONS, DecodingConfig, add_runtime_arguments
+from ..config import INT8_SCHEMES, RUNTIME_OPTIONS, DecodingConfig, add_runtime_arguments
 from ..errors import InsertionError
-from ..export_format import QUANTIZATIONS, SHORTLIST
+from ..export_format import SHORTLIST
 from .files import export, recorded_preprocessing
 
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", type=Path, required=True, help="an insertion_transformer checkpoint")
     p.add_argument("--data", type=Path, required=True, help="the fairseq-preprocess directory of its dictionaries")
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
-    p.add_argument("--int8", nargs="?", const="per-row", default=None, choices=QUANTIZATIONS,
+    p.add_argument("--int8", nargs="?", const="per-row", default=None, choices=tuple(INT8_SCHEMES),
                    help="int8 products: per-row activation scales (the default: a sentence's translation does not "
                    "depend on its batch) or onnxruntime's dynamic quantization (faster at batch 1; its outputs "
                    "move with the batch)")

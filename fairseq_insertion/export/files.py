@@ -13,14 +13,13 @@ import torch
 from torch import nn
 
 from .. import preprocess as P
-from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..config import INT8_SCHEMES, RUNTIME_OPTIONS, DecodingConfig
 from ..export_format import (
     BPE_CODES,
     CHECKED,
     ENCODER,
     FORMAT_VERSION,
     PASS,
-    QUANTIZATIONS,
     SCORER,
     SETTINGS,
     SHORTLIST,
@@ -96,7 +95,7 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[
             "max_source_positions": int(model.encoder.max_positions()),
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
-            "precision": f"int8-{int8}" if int8 else "fp32",
+            "precision": INT8_SCHEMES[int8].name if int8 else "fp32",
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }
@@ -197,8 +196,8 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional
     dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the lexical shortlist its slots
     choose from (``shortlist.npz``, the graphs then take each sentence's list)."""
     config = config or DecodingConfig()
-    if int8 is not None and int8 not in QUANTIZATIONS:
-        raise ExportError(f"--int8 {int8}: expected one of {list(QUANTIZATIONS)}")
+    if int8 is not None and int8 not in INT8_SCHEMES:
+        raise ExportError(f"--int8 {int8}: expected one of {list(INT8_SCHEMES)}")
     if config.unkpen:
         raise ExportError(f"unkpen {config.unkpen}: the exported pass applies no unknown-word penalty; export with "
                           "unkpen 0")

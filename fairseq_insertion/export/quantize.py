@@ -11,16 +11,14 @@ from typing import Sequence
 import onnx
 from onnx import TensorProto
 
-from ..export_format import ENCODER, PASS, QUANTIZATIONS
+from ..export_format import ENCODER, PASS
 from ..quantization import graphs, per_row
-from .graph import ExportError
 
 
 def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS), scheme: str = "per-row") -> None:
     """The graphs ``names`` in int8, in place: ``per-row`` (:func:`fairseq_insertion.quantization.per_row`) or
-    ``dynamic`` (onnxruntime's dynamic quantization)."""
-    if scheme not in QUANTIZATIONS:
-        raise ExportError(f"--int8 {scheme}: expected one of {list(QUANTIZATIONS)}")
+    ``dynamic`` (onnxruntime's dynamic quantization); :func:`~fairseq_insertion.export.files.export_model` checked
+    the scheme."""
     for name in names:
         REWRITES[scheme](out, name)
 
@@ -66,4 +64,4 @@ def _typed_casts(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-REWRITES = {"per-row": _per_row, "dynamic": _dynamic}  # export_format.QUANTIZATIONS' schemes
+REWRITES = {"per-row": _per_row, "dynamic": _dynamic}  # config.INT8_SCHEMES' rewrites

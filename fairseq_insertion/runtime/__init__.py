@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import export_format as F
 from .. import loop as L
-from ..config import RUNTIME_OPTIONS, DecodingConfig
+from ..config import PRECISIONS, RUNTIME_OPTIONS, DecodingConfig
 from ..export_format import TranslatorError
 from ..preprocess import (
     GAP,
@@ -39,7 +39,7 @@ from ..preprocess import (
     prepare_line,
 )
 from ..slots import Shortlist, shortlist_rows
-from .backend import UNFUSED, Constants, OnnxBackend, Source, session
+from .backend import Constants, OnnxBackend, Source, session
 from .inputs import check_lines, check_providers, check_rows, check_source, check_tokens, count
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Translator:
         # which target pieces glue onto a neighbour, as the export's graph has them (bos, pad, eos, unk first)
         self.word_scheme, self._joins_next, _ = L.word_edge_table(self.target_symbols,
                                                                   1 + max(self.bos, self.eos, self.pad, self.unk))
-        unfused = () if F.QUANTIZATIONS.get(m["precision"].partition("-")[2]) else UNFUSED
+        unfused = PRECISIONS[m["precision"]].unfused
         self._encoder = session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
         self._pass = session(ort, self.model_dir / F.PASS, so, providers, unfused)
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],

@@ -19,13 +19,6 @@ that drops at least this share of the group's canvas positions (the padding of t
 Multi30k at batch 128: 0.02 about 2% faster than 0.1, 5.6% fewer positions for 2.6x the runs."""
 
 
-UNFUSED = ("SkipLayerNormFusion",)
-"""onnxruntime's graph optimizations left out of an fp32 export's sessions: its fused SkipLayerNormalization (a
-residual Add with the LayerNormalization after it) runs slower in these graphs than the two nodes apart, with the
-same outputs; so does a per-row int8 export's. An int8 export of onnxruntime's dynamic quantization keeps it: its
-rounding moves with the fusion (``docs/deploy.md``)."""
-
-
 def session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:
     """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file onnxruntime cannot load
     is named."""
