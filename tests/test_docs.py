@@ -36,7 +36,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|<img 
 
 
 def documents() -> List[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 
 
 # ---------------------------------------------------------------- reading the docs
@@ -170,12 +170,35 @@ def check_links(paths: Sequence[Path]) -> List[str]:
     for path in paths:
         for m in LINK.finditer(_prose(path.read_text(encoding="utf-8"))):
             target = m.group(1) or m.group(2)
-            if re.match(r"^[a-zA-Z][\w+.-]*:", target) or target.startswith("#"):
-                continue  # a URL, or an anchor in the same page
-            file = target.split("#", 1)[0].split("?", 1)[0]
+            if re.match(r"^[a-zA-Z][\w+.-]*:", target):
+                continue  # a URL
+            if target.startswith("#"):
+                target = path.name + target
+            file, _, anchor = target.split("?", 1)[0].partition("#")
             if not (path.parent / file).exists():
-                problems.append(f"{path.name}: link to {target} does not resolve ({path.parent / file})")
+                problems.append(f"{_shown(path)}: link to {target} does not resolve")
+            elif anchor and file.endswith(".md") and anchor not in anchors(path.parent / file):
+                problems.append(f"{_shown(path)}: link to {target}: {file} has no heading #{anchor}")
     return problems
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def anchors(path: Path) -> set:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading's with -1, -2, ..."""
+    text = re.sub(r"^\s*```.*?^\s*```[^\n]*$", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    found: set = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in found:
+            n += 1
+            anchor = f"{slug}-{n}"
+        found.add(anchor)
+    return found
 
 
 # ---------------------------------------------------------------- the checks
@@ -243,7 +266,9 @@ fairseq-train("not a shell block") --nonsense
 ```
 
 See [the canvas](../fairseq_insertion/canvas.py), [the web](https://example.org/x.md), [here](#scratch)
-and [a missing page](docs/nowhere.md#part).
+and [a missing page](docs/nowhere.md#part), [a missing heading](#no-such-heading), [the fix](#the-fix-two).
+
+## The fix: `two`
 """
 
 
@@ -257,11 +282,13 @@ def test_a_misspelled_flag_a_bad_value_and_a_broken_link_are_reported(tmp_path):
     assert "scratch.md:13: fairseq-generate rejects the command" in problems[1] and "paralel" in problems[1]
     assert problems[2] == "scratch.md:14: fairseq-interactive does not know --nbst"
     links = check_links([doc])
-    assert len(links) == 1 and "docs/nowhere.md#part does not resolve" in links[0], links
+    assert len(links) == 2 and "docs/nowhere.md#part does not resolve" in links[0], links
+    assert links[1] == "scratch.md: link to scratch.md#no-such-heading: scratch.md has no heading #no-such-heading"
     # the fixed copy passes: --tau (a criterion option) and --decoding (a task option) are known
     fixed = tmp_path / "fixed.md"
     fixed.write_text(doc.read_text().replace("--ordr", "--order").replace("paralel", "parallel")
-                     .replace("nbst", "nbest").replace("docs/nowhere.md#part", "scratch.md"))
+                     .replace("nbst", "nbest").replace("docs/nowhere.md#part", "scratch.md")
+                     .replace("#no-such-heading", "#scratch"))
     (tmp_path / "scratch.md").write_text("")
     assert check_flags([fixed]) == [] and check_links([fixed]) == []
 
