@@ -235,7 +235,7 @@ class DecodingConfig:
         False, "--no-unk", RUNTIME, INSERTION, TASK, check=_flag,
         help="never insert the unknown word <unk> (a slot takes its next best token); unlike --unkpen, the export "
         "and the runtime carry it")
-    constraint_order: str = _option("ordered", "--constraints", choices=CONSTRAINT_ORDERS, arg="constraints")
+    constraint_order: str = _option("ordered", "--constraints", RUNTIME, choices=CONSTRAINT_ORDERS, arg="constraints")
     lenpen: float = _option(1.0, "--lenpen", RUNTIME, check=_number)
     unkpen: float = _option(0.0, "--unkpen", check=_number)
     retain_history: bool = _option(False, "--retain-iter-history", check=_flag, arg="retain_iter_history")
@@ -331,6 +331,8 @@ def add_runtime_arguments(group: Any) -> None:
     group, each defaulting to None (not given); every on/off option also has its ``--no-`` form."""
     defaults = DecodingConfig()
     for name in RUNTIME_OPTIONS:
+        if name == "constraint_order":  # the order of the constraints a command reads: its own --constraints
+            continue
         default = getattr(defaults, name)
         if isinstance(default, bool):
             group.add_argument(FLAGS[name], dest=name, action=argparse.BooleanOptionalAction, default=None)

@@ -125,37 +125,3 @@ def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
     token inside a constraint marking a template's open slot: see :func:`fairseq_insertion.loop.constraint_canvas`
     (the same rule for the runtime). Returns the :class:`InitialCanvas`."""
     return InitialCanvas(*L.constraint_canvas(TORCH, packed, gap, pad))
-
-
-def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
-    """A permutation of canvas columns that puts whole constraints in order of ``key``.
-
-    segment: (B, K) constraint index of each canvas token; key: (B, G) one
-    sort key per constraint (ties keep the given order). Tokens of one
-    constraint stay together and in order. Returns (B, K) indices for
-    ``gather`` on the canvas (padding stays last).
-    """
-    B, K = segment.shape
-    G = key.size(1)
-    seg_rank = (key * (G + 1) + torch.arange(G, device=key.device)).argsort(1).argsort(1)  # (B, G)
-    tok_rank = seg_rank.gather(1, segment.clamp(0, max(G - 1, 0))) if G > 0 else segment
-    j = torch.arange(K, device=segment.device).unsqueeze(0)
-    real = j < lengths.unsqueeze(1)
-    token_key = torch.where(real, tok_rank * (K + 1) + j, (G + 1) * (K + 1) + j)  # (B, K)
-    return token_key.argsort(1)
-
-
-def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
-    """Index of the first occurrence of each ``query`` token in ``tokens``.
-
-    tokens: (B, T) with real lengths (B,); query: (B, G). Returns (B, G), ``T + g``
-    where query token g does not occur (so absent ones sort last, in order).
-    """
-    T, G = tokens.size(1), query.size(1)
-    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)  # (1, G)
-    if T == 0:  # every translation empty (e.g. every line's constraints over its length limit)
-        return absent.expand(tokens.size(0), G)
-    valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-    hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
-    found = hit.any(2)
-    return torch.where(found, hit.long().argmax(2), absent)

@@ -18,7 +18,7 @@ from torch import Tensor
 from . import loop as L
 from . import slots as S
 from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
-from .decoding import TORCH, InitialCanvas, WordEdges, constraint_canvas, first_occurrence, order_segments
+from .decoding import TORCH, InitialCanvas, WordEdges, constraint_canvas
 from .loop import Canvases
 from .pass_decoder import OPTION as CACHED_DECODER
 
@@ -147,12 +147,11 @@ class InsertionGenerator:
         edges = self.word_edges.to(src_tokens.device)
         options = L.DecodeOptions(cfg, model.termination, self.bos, self.eos, self.pad, self.tgt_dict.unk(),
                                   edges.joins_next if edges.active else None)
-        unordered = cfg.constraint_order == "unordered" and constraints is not None
         shortlist = None if self.shortlist is None else torch.from_numpy(S.shortlist_rows(
             self.shortlist, src_tokens.cpu().numpy(), (self.bos, self.pad, self.eos, self.tgt_dict.unk()),
             init.tokens.cpu().numpy())).to(src_tokens.device)
-        found = L.decode(backend, cache, init, max_len, options, _reorder_constraints if unordered else None,
-                         self._record if cfg.retain_history else None, shortlist)
+        found = L.decode(backend, cache, init, max_len, options, self._record if cfg.retain_history else None,
+                         shortlist)
         hypos = self._hypos(found, src_tokens.size(0))
         L.tally(self.stats, found)
         return hypos
@@ -283,24 +282,3 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
 def _log_summary(decoding: str, stats: Dict[str, int]) -> None:
     if stats["sentences"]:
         logger.info(_summary(decoding, stats))
-
-
-def _reorder_constraints(init: L.Start, hyp: Tensor, hyp_lengths: Tensor) -> L.Start:
-    """``unordered``: sort each line's constraints by the first occurrence of
-    their first token in ``hyp`` (B, T), the unconstrained translation.
-    Lines whose first or last slot is closed (an anchored template) keep the
-    given order."""
-    canvas, lengths, closed_before, closed_end, segment = init
-    B, K = canvas.shape
-    G = int(segment.max()) + 1
-    j = torch.arange(K, device=canvas.device).unsqueeze(0)
-    real = j < lengths.unsqueeze(1)
-    starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
-    first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
-    key = first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
-    anchored = (closed_before[:, 0] if K else closed_end) | closed_end
-    key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
-    perm = order_segments(segment, lengths, key)  # (B, K)
-    return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
-                         segment=segment.gather(1, perm))
-

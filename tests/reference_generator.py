@@ -14,7 +14,7 @@ from torch import Tensor
 
 from fairseq_insertion import loop as L
 from fairseq_insertion.decoding import TORCH, InitialCanvas
-from fairseq_insertion.generator import InsertionGenerator, _reorder_constraints
+from fairseq_insertion.generator import InsertionGenerator
 
 
 def _cap(insert: Tensor, score: Tensor, room: Tensor) -> Tensor:
@@ -177,3 +177,58 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         return canvas, scores, lengths, iterations, final_eos, history, passes
 
     # -------------------------------------------------------------- helpers
+
+
+# ---------------------------------------------------------------- constraint order (frozen: the torch code it was)
+def order_segments(segment: Tensor, lengths: Tensor, key: Tensor) -> Tensor:
+    """A permutation of canvas columns that puts whole constraints in order of ``key``.
+
+    segment: (B, K) constraint index of each canvas token; key: (B, G) one
+    sort key per constraint (ties keep the given order). Tokens of one
+    constraint stay together and in order. Returns (B, K) indices for
+    ``gather`` on the canvas (padding stays last).
+    """
+    B, K = segment.shape
+    G = key.size(1)
+    seg_rank = (key * (G + 1) + torch.arange(G, device=key.device)).argsort(1).argsort(1)  # (B, G)
+    tok_rank = seg_rank.gather(1, segment.clamp(0, max(G - 1, 0))) if G > 0 else segment
+    j = torch.arange(K, device=segment.device).unsqueeze(0)
+    real = j < lengths.unsqueeze(1)
+    token_key = torch.where(real, tok_rank * (K + 1) + j, (G + 1) * (K + 1) + j)  # (B, K)
+    return token_key.argsort(1)
+
+
+def first_occurrence(tokens: Tensor, lengths: Tensor, query: Tensor) -> Tensor:
+    """Index of the first occurrence of each ``query`` token in ``tokens``.
+
+    tokens: (B, T) with real lengths (B,); query: (B, G). Returns (B, G), ``T + g``
+    where query token g does not occur (so absent ones sort last, in order).
+    """
+    T, G = tokens.size(1), query.size(1)
+    absent = T + torch.arange(G, device=tokens.device).unsqueeze(0)  # (1, G)
+    if T == 0:  # every translation empty (e.g. every line's constraints over its length limit)
+        return absent.expand(tokens.size(0), G)
+    valid = torch.arange(T, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+    hit = query.unsqueeze(2).eq(tokens.unsqueeze(1)) & valid.unsqueeze(1)  # (B, G, T)
+    found = hit.any(2)
+    return torch.where(found, hit.long().argmax(2), absent)
+
+
+def _reorder_constraints(init: L.Start, hyp: Tensor, hyp_lengths: Tensor) -> L.Start:
+    """``unordered``: sort each line's constraints by the first occurrence of
+    their first token in ``hyp`` (B, T), the unconstrained translation.
+    Lines whose first or last slot is closed (an anchored template) keep the
+    given order."""
+    canvas, lengths, closed_before, closed_end, segment = init
+    B, K = canvas.shape
+    G = int(segment.max()) + 1
+    j = torch.arange(K, device=canvas.device).unsqueeze(0)
+    real = j < lengths.unsqueeze(1)
+    starts = real & (j.eq(0) | segment.ne(torch.nn.functional.pad(segment[:, :-1], (1, 0), value=-1)))  # (B, K)
+    first_tok = canvas.new_full((B, G + 1), -1).scatter(1, torch.where(starts, segment, G), canvas)[:, :G]
+    key = first_occurrence(hyp, hyp_lengths, first_tok)  # (B, G)
+    anchored = (closed_before[:, 0] if K else closed_end) | closed_end
+    key = torch.where(anchored.unsqueeze(1), torch.arange(G, device=key.device).expand_as(key), key)
+    perm = order_segments(segment, lengths, key)  # (B, K)
+    return init._replace(tokens=canvas.gather(1, perm), closed_before=closed_before.gather(1, perm),
+                         segment=segment.gather(1, perm))

@@ -76,6 +76,38 @@ def _packed(constraints):
     return pack_constraints([[torch.tensor(c, dtype=torch.long) for c in cs] for cs in constraints])
 
 
+def test_the_loops_constraint_order_is_the_frozen_torch_codes_on_numpy_and_torch():
+    """``loop.arrange_constraints`` against the torch code it replaced (tests/reference_generator.py), on random
+    constraints (templates among them) and random translations holding some of their first tokens."""
+    import numpy as np
+
+    from fairseq_insertion.loop.starts import arrange_constraints
+    from tests.reference_generator import _reorder_constraints
+
+    rng = random.Random(5)
+    for trial in range(40):
+        B = rng.randint(1, 6)
+        cons = [[[rng.randint(4, 12) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(0, 4))]
+                for _ in range(B)]
+        for cs in cons:  # some templates: a gap inside, at an end, or anchoring
+            if cs and rng.random() < 0.4:
+                cs[rng.randrange(len(cs))].insert(rng.randint(0, 1) * len(cs[0]), GAP)
+        packed = _packed(cons)
+        T = rng.randint(0, 9)
+        hyp = torch.tensor([[rng.randint(4, 12) for _ in range(T)] for _ in range(B)], dtype=torch.long).reshape(B, T)
+        lengths = torch.tensor([rng.randint(0, T) for _ in range(B)])
+        start = constraint_canvas(packed, gap=GAP, pad=GAP)
+        if start.tokens.size(1) == 0:
+            continue
+        expected = _reorder_constraints(start, hyp, lengths)
+        on_torch = arrange_constraints(TORCH, L.Start(*start), hyp, lengths)
+        on_numpy = arrange_constraints(L.NUMPY, L.constraint_canvas(L.NUMPY, packed.numpy(), GAP, GAP), hyp.numpy(),
+                                       lengths.numpy())
+        for name, e, t, n in zip(L.Start._fields, expected, on_torch, on_numpy):
+            assert torch.equal(e, t), (trial, name)
+            np.testing.assert_array_equal(e.numpy(), n, err_msg=f"{trial} {name}")
+
+
 @pytest.mark.parametrize("decoding,termination", [("parallel", "slot"), ("greedy", "slot"), ("greedy", "sequence")])
 def test_constraints_from_the_target_decode_to_the_target(decoding, termination):
     """The oracle completes any canvas to its target, so n-grams of the target

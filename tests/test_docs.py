@@ -213,6 +213,13 @@ def test_the_docs_hold_fairseq_commands_to_check():
     assert {"fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-interactive"} <= found
 
 
+def test_deploy_lists_every_option_of_the_runtime():
+    from fairseq_insertion.config import RUNTIME_OPTIONS
+
+    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    assert [name for name in RUNTIME_OPTIONS if f"`{name}`" not in text] == []
+
+
 def test_every_relative_link_resolves():
     problems = check_links(documents())
     assert not problems, "\n".join(problems)

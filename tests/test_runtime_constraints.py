@@ -6,6 +6,7 @@ subword-nmt, a piece without ``▁`` for sentencepiece); a glue bias is written 
 slot-state dimension times a vocabulary column) so that the exported graphs carry it too, and the word-edge
 rule has work at most constraints (checked: the same decodes with the rule off glue them)."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -125,6 +126,32 @@ def test_the_runtime_places_constraints_as_the_generator(tasks, exports, scheme,
                for (_, _, h), cs in zip(loose, cons)) >= 3
 
 
+@pytest.mark.parametrize("decoding", ["parallel", "greedy"])
+def test_unordered_constraints_in_the_runtime_are_the_generators(tasks, exports, decoding):
+    """``constraint_order="unordered"``: the loop orders the constraints by the unconstrained translation on numpy
+    as on torch (token for token), and the order is not the given one in some lines."""
+    task, _ = tasks["subword_nmt"]
+    d = task.target_dictionary
+    model, out = exports["subword_nmt", "slot"]
+    rng = random.Random(11)
+    torch.manual_seed(11)
+    sample = random_source_batch(d, [rng.randint(1, 8) for _ in range(24)])
+    plain = generator_outputs(model, d, sample, [[] for _ in range(24)], DecodingConfig(
+        decoding=decoding, max_len_a=0, max_len_b=14, eos_penalty=0.5))
+    # two or three pieces of each unconstrained translation, given in the reverse of their order there
+    cons = [[[t] for t in reversed(sorted(set(h), key=h.index)[:rng.randint(2, 3)])] for h, _, _ in plain]
+    config = DecodingConfig(decoding=decoding, max_len_a=0, max_len_b=14, eos_penalty=0.5,
+                            constraint_order="unordered")
+    expected = generator_outputs(model, d, sample, cons, config)
+    translator = Translator(out, intra_threads=1)
+    for batch in (1, 16):
+        got = runtime_outputs(translator, sample, cons, config, batch)
+        assert [g[0] for g in got] == [e[0] for e in expected]
+        np.testing.assert_allclose([g[1] for g in got], [e[1] for e in expected], rtol=1e-4, atol=1e-4)
+    ordered = generator_outputs(model, d, sample, cons, dataclasses.replace(config, constraint_order="ordered"))
+    assert sum(o[0] != e[0] for o, e in zip(ordered, expected)) >= 8  # of 24 (greedy: 11, parallel: 23)
+
+
 @pytest.mark.parametrize("decoding,termination", MODES)
 def test_an_unfinished_word_is_completed_when_the_model_would_end(tasks, decoding, termination, tmp_path):
     """A model that ends every slot: a constraint's last ``p@@`` piece is still completed before
@@ -221,6 +248,12 @@ def test_the_command_line_takes_tab_separated_constraints(exports):
         [c.split() for c in f[1:]] for f in fields], max_len_a=0, max_len_b=10)
     assert got == [" ".join(r.hypotheses[0]) for r in expected]
     assert "w7 p2@@ w8" in got[0] and "w9" in got[2]
+    proc = runtime("translate", out, "--constraints", "unordered", "--max-len-a", "0", "--max-len-b", "10",
+                   stdin="".join(x + "\n" for x in lines))
+    assert proc.returncode == 0, proc.stderr
+    expected = translator.translate_batch([f[0].split() for f in fields], constraints=[
+        [c.split() for c in f[1:]] for f in fields], max_len_a=0, max_len_b=10, constraint_order="unordered")
+    assert proc.stdout.split("\n")[:-1] == [" ".join(r.hypotheses[0]) for r in expected]
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))

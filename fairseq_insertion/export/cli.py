@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    given = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
+    given = {k: v for k in RUNTIME_OPTIONS if (v := getattr(args, k, None)) is not None}  # constraint_order: no flag
     try:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)

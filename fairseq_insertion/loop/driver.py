@@ -11,7 +11,7 @@ import numpy as np
 from .geometry import frame, insertion_destinations, place, slot_mask
 from .ops import Array, Ops
 from .rules import SlotInputs, first_insertion_inputs, slot_inputs
-from .starts import Start, candidate_rows, first_insertions
+from .starts import Start, arrange_constraints, candidate_rows, first_insertions
 from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
 from .steps import Bounds, DecodeOptions
 
@@ -233,19 +233,15 @@ class Decoded(NamedTuple):
     positions: int = 0  # decoder positions the passes ran, unpadded (:class:`Work`)
 
 
-Arrange = Callable[[Start, Array, Array], Start]  # (start, an unconstrained decode's tokens, its lengths)
-
-
 def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
-           arrange: Optional[Arrange] = None, record: Optional[Record] = None, shortlist: Optional[Array] = None
-           ) -> Decoded:
+           record: Optional[Record] = None, shortlist: Optional[Array] = None) -> Decoded:
     """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
     empty canvases or their constraints, ``max_len`` (B,) their length limits (:func:`length_limit`,
     :func:`length_limits`), ``options`` the decoding options and the dictionary's ids. With
     ``first_insertions`` K > 1 each sentence branches from its K best first insertions, and with several
     ``eos_penalties`` each start is decoded under each penalty, as rows of one batch (each source encoded once).
-    ``arrange(start, tokens, lengths)``: reorder the constraints once an unconstrained decode of every row is
-    known (``constraint_order="unordered"``). ``shortlist`` (B, L): the tokens each sentence's slots may receive
+    With ``constraint_order="unordered"`` the constraints are put in order once an unconstrained decode of every
+    row is known (:func:`arrange_constraints`). ``shortlist`` (B, L): the tokens each sentence's slots may receive
     (:func:`fairseq_insertion.slots.shortlist_rows`; None: the whole vocabulary)."""
     xp, config, pad = backend.xp, options.config, options.pad
     B, betas, K = max_len.shape[0], config.betas, config.first_insertions
@@ -265,11 +261,11 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     eos_penalty = xp.asarray(np.tile(np.asarray(betas, np.float32), B * K), like=max_len) if len(betas) > 1 \
         else None  # (B n,) each row's beta; None: the one beta
     given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
-    if arrange is not None and given:
+    if config.constraint_order == "unordered" and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)
         unconstrained, more = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
                                                     shortlist=shortlist, fresh=backend.incremental), memory, bounds)
-        start = arrange(start, unconstrained.tokens, unconstrained.lengths)
+        start = arrange_constraints(xp, start, unconstrained.tokens, unconstrained.lengths)
         work = work + more
     state = start_state(xp, start, max_len, eos_penalty, given and options.joins_next is not None,
                         bounds.close_ended or given, first_scores, record is not None, shortlist, backend.incremental)

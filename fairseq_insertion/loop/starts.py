@@ -90,6 +90,34 @@ def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
                  segment=xp.gather(segment, keep_pos))
 
 
+def arrange_constraints(xp: Ops, start: Start, hyp: Array, hyp_lengths: Array) -> Start:
+    """``constraint_order="unordered"``: each line's constraints in the order their first tokens first occur in
+    ``hyp`` (B, T), its unconstrained translation of lengths (B,) (the absent ones last, in the given order), each
+    constraint's tokens together and in order; a line whose first or last slot is closed (an anchored template)
+    keeps the given order."""
+    tokens, lengths, closed_before, closed_end, segment = start
+    B, K = tokens.shape
+    if K == 0:
+        return start
+    G = xp.host(segment.max())[0] + 1  # constraints in the longest line
+    j = xp.arange(K, like=lengths)[None, :]
+    real = j < lengths[:, None]  # (B, K)
+    starts = real & (segment != xp.concat([xp.full((B, 1), -1, like=segment), segment[:, :-1]], 1))  # (B, K)
+    first = xp.put(xp.full((B, G + 1), -1, like=tokens), xp.where(starts, segment, G), tokens)[:, :G]  # (B, G)
+    T = hyp.shape[1]
+    hyp = xp.concat([hyp, xp.full((B, 1), -1, like=hyp)], 1)  # (B, T+1) the last column never within a line
+    within = xp.arange(T + 1, like=lengths)[None, :] < hyp_lengths[:, None]  # (B, T+1)
+    hit = (first[:, :, None] == hyp[:, None, :]) & within[:, None, :]  # (B, G, T+1)
+    given = xp.arange(G, like=lengths)[None, :]  # (1, G)
+    key = xp.where(hit.any(2), xp.long(hit).argmax(2), T + given)  # (B, G) the first occurrence, or T + g
+    key = xp.where((closed_before[:, 0] | closed_end)[:, None], given, key)
+    rank = xp.argsort(xp.argsort(key * (G + 1) + given))  # (B, G) each constraint's place
+    token_key = xp.where(real, xp.gather(rank, segment.clip(0, G - 1)) * (K + 1) + j, (G + 1) * (K + 1) + j)
+    perm = xp.argsort(token_key)  # (B, K) padding last
+    return start._replace(tokens=xp.gather(tokens, perm), closed_before=xp.gather(closed_before, perm),
+                          segment=xp.gather(segment, perm))
+
+
 def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
     """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
     insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,

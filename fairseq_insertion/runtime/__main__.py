@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optiona
 import numpy as np
 
 from .. import preprocess as P
-from ..config import DecodingConfig, DecodingError, add_runtime_arguments
+from ..config import CONSTRAINT_ORDERS, DecodingConfig, DecodingError, add_runtime_arguments
 from ..errors import InsertionError
 from ..export_format import SETTINGS
 from . import RUNTIME_OPTIONS, Translator
@@ -89,7 +89,7 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
     with contextlib.nullcontext(sys.stdin.buffer) if args.input == "-" else open(args.input, "rb") as stream:
         for first, lines in batches(read_lines(stream, name), args.batch_size):
             out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name, text,
-                                                                     args.constraints)))
+                                                                     args.constraint_order is not None)))
             out.flush()
     return 0
 
@@ -164,9 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     P.add_arguments(t.add_argument_group("raw text in and out"), "the export's record")
     t.add_argument("--post-process", choices=("none", "subword_nmt"), default="none",
                    help="subword_nmt: undo the @@ joins of the output pieces (default: none)")
-    t.add_argument("--constraints", nargs="?", const="ordered", choices=("ordered",),
+    t.add_argument("--constraints", nargs="?", const="ordered", choices=CONSTRAINT_ORDERS, dest="constraint_order",
                    help="each line is its source, then its hard constraints after tabs (fairseq-interactive's "
-                        "format), kept in the given order")
+                        "format), kept in the given order (ordered, the default) or in the order the unconstrained "
+                        "translation suggests (unordered)")
     add_runtime_arguments(t.add_argument_group("decoding (default: the export's; --no-X switches X off)"))
     return p
 
