@@ -200,8 +200,10 @@ def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor
     """One fairseq decoder layer in inference (full self-attention over the canvas), with
     the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d);
     qkv: the self-attention's fused projection (None: projection by projection)."""
-    sublayers = {"self_attn": lambda h: _attention(layer.self_attn, h, h, keep, qkv),
-                 "encoder_attn": lambda h: _attention(layer.encoder_attn, h, (k, v), src_keep),
+    sublayers = {"self_attn": lambda h: self_attention(layer.self_attn, h, keep, None, qkv)[0],
+                 "encoder_attn": lambda h: attention(layer.encoder_attn, heads(layer.encoder_attn,
+                                                                               layer.encoder_attn.q_proj(h)),
+                                                     k, v, src_keep, h.shape),
                  "ffn": lambda h: layer.fc2(layer.activation_dropout_module(_activation(layer, layer.fc1(h))))}
     for name, norm in blocks(layer):  # the sum added into the sublayer's fresh output (residual_connection's x + y)
         x = residual(x, sublayers[name], norm, layer.normalize_before, lambda a, y: layer.dropout_module(y).add_(a))
@@ -212,23 +214,30 @@ def _activation(layer, h: Tensor) -> Tensor:
     return torch.relu_(h) if layer.activation_fn is F.relu else layer.activation_fn(h)
 
 
-def _attention(attn, x: Tensor, kv, keep: Optional[Tensor],
-               qkv: Optional[Projection] = None) -> Tensor:
-    """A fairseq ``MultiheadAttention`` in inference, as one scaled_dot_product_attention call.
+def heads(attn: nn.Module, y: Tensor) -> Tensor:
+    """(T, A, C) -> (A, heads, T, d)."""
+    return y.view(y.size(0), y.size(1), attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
 
-    x: (T, A, C) queries; kv: the canvas itself (T, A, C) for self-attention, or the cached
-    encoder keys and values, each (A, heads, S_src, d); keep: (A, 1, 1, S) True where
-    attending is allowed (None: everywhere); qkv: self-attention only, the fused q/k/v
-    projection (:class:`FusedProjections`)."""
-    T, A, C = x.shape
 
-    def heads(y: Tensor) -> Tensor:  # (L, A, C) -> (A, heads, L, d)
-        return y.view(y.size(0), A, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
-
-    if qkv is not None:  # (T, A, 3C) -> q, k, v (A, heads, T, d) each
+def self_attention(attn: nn.Module, x: Tensor, keep: Optional[Tensor], past: Optional[Tuple[Tensor, Tensor]] = None,
+                   qkv: Optional[Projection] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Self-attention of ``x`` (T, A, C) over the ``past`` keys and values (None: none) and its own; ``qkv``: the
+    fused q/k/v projection (:class:`FusedProjections`; None: projection by projection). Returns its output
+    (T, A, C) and the keys and values, past and new (A, heads, M + T, d) each."""
+    if qkv is not None:
+        T, A, _ = x.shape
         q, k, v = F.linear(x, *qkv).view(T, A, 3, attn.num_heads, attn.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
     else:
-        k, v = (heads(attn.k_proj(kv)), heads(attn.v_proj(kv))) if torch.is_tensor(kv) else kv
-        q = heads(attn.q_proj(x))
-    x = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=attn.scaling)
-    return attn.out_proj(x.permute(2, 0, 1, 3).reshape(T, A, C))
+        q, k, v = (heads(attn, p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if past is not None:
+        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+    return attention(attn, q, k, v, keep, x.shape), k, v
+
+
+def attention(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], shape: torch.Size) -> Tensor:
+    """fairseq's ``MultiheadAttention`` as one scaled_dot_product_attention call (its attention dropout in
+    training): q (A, heads, T, d), k and v (A, heads, M, d), keep (A, 1, T or 1, M) True where attending is allowed
+    (None: everywhere) -> (T, A, C)."""
+    p = attn.dropout_module.p if attn.training else 0.0
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, scale=attn.scaling)
+    return attn.out_proj(y.permute(2, 0, 1, 3).reshape(shape))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import canvas as C
+from . import fast_decoder as FD
 from . import loop as L
 from .decoding import TORCH
 from .fast_decoder import EncoderCache, _activation, encoder_keys_values_per_layer, uncovered
@@ -96,15 +97,15 @@ def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
     for j, i in enumerate(span):
         layer = decoder.layers[i]
 
-        def self_attention(h: Tensor, layer=layer, i=i, j=j) -> Tensor:
-            out, k, v = _self_attention(layer.self_attn, h, keep, None if past is None else past[j],
-                                        None if fused is None else fused[i])
+        def own_attention(h: Tensor, layer=layer, i=i, j=j) -> Tensor:
+            out, k, v = FD.self_attention(layer.self_attn, h, keep, None if past is None else past[j],
+                                          None if fused is None else fused[i])
             kv.append((k, v))
             return out
 
-        sublayers = {"self_attn": self_attention,
-                     "encoder_attn": lambda h, layer=layer, i=i: _attention(
-                         layer.encoder_attn, _heads(layer.encoder_attn, layer.encoder_attn.q_proj(h)),
+        sublayers = {"self_attn": own_attention,
+                     "encoder_attn": lambda h, layer=layer, i=i: FD.attention(
+                         layer.encoder_attn, FD.heads(layer.encoder_attn, layer.encoder_attn.q_proj(h)),
                          enc.keys[i], enc.values[i], enc.source_keep, h.shape),
                      "ffn": lambda h, layer=layer: layer.fc2(layer.activation_dropout_module(
                          _activation(layer, layer.fc1(h))))}
@@ -129,34 +130,6 @@ def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderKeysValu
         return x
     span = range(len(decoder.layers) - decoder.recomputed, len(decoder.layers))
     return layers(decoder, x.transpose(0, 1), real[:, None, None, :], enc, None, fused, span)[0]
-
-
-def _heads(attn: nn.Module, y: Tensor) -> Tensor:
-    """(T, A, C) -> (A, heads, T, d)."""
-    return y.view(y.size(0), y.size(1), attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
-
-
-def _self_attention(attn: nn.Module, x: Tensor, keep: Tensor, past: Optional[Tuple[Tensor, Tensor]],
-                    qkv: Optional[Projection]) -> Tuple[Tensor, Tensor, Tensor]:
-    """Self-attention of ``x`` (T, A, C) over the ``past`` keys and values and its own. Returns its output
-    (T, A, C) and the keys and values, past and new (A, heads, M + T, d) each."""
-    if qkv is not None:
-        T, A, _ = x.shape
-        q, k, v = F.linear(x, *qkv).view(T, A, 3, attn.num_heads, attn.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
-    else:
-        q, k, v = (_heads(attn, p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    if past is not None:
-        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-    return _attention(attn, q, k, v, keep, x.shape), k, v
-
-
-def _attention(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], shape: torch.Size
-               ) -> Tensor:
-    """fairseq's ``MultiheadAttention`` as one scaled_dot_product_attention call (its attention dropout in
-    training): q (A, heads, T, d), k and v (A, heads, M, d), keep (A, 1, T or 1, M) -> (T, A, C)."""
-    p = attn.dropout_module.p if attn.training else 0.0
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, scale=attn.scaling)
-    return attn.out_proj(y.permute(2, 0, 1, 3).reshape(shape))
 
 
 def _embed(decoder: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
