@@ -292,9 +292,13 @@ def export_step(args: argparse.Namespace, data: Path, results: dict, closure: di
 
 
 def per_update(training: dict) -> dict:
+    """A training's time: its updates at fairseq's logged speed (target tokens over target tokens a second), which
+    a training resumed after an interruption keeps (its wall seconds are the last run's)."""
     updates = training.get("train_updates") or 0
-    return {"updates": updates, "seconds": round(training["wall_seconds"], 1),
-            "seconds_per_update": round(training["wall_seconds"] / updates, 4) if updates else None,
+    speed = training.get("train_target_tokens_per_s")
+    seconds = training["train_target_tokens"] / speed if speed else training["wall_seconds"]
+    return {"updates": updates, "seconds": round(seconds, 1), "wall_seconds": round(training["wall_seconds"], 1),
+            "seconds_per_update": round(seconds / updates, 3) if updates else None,
             "target_tokens_per_s": round(training.get("train_target_tokens_per_s", 0.0), 1),
             "command": training["command"]}
 
@@ -348,7 +352,7 @@ def report(args: argparse.Namespace, teacher_trainings: list[dict], results: dic
     rows["insertion_parallel"].update(valid_bleu=last_valid,
                                       x_teacher_greedy_valid=ratio(last_valid or 0, valid_greedy))
     out = {**steps.run_info(args.device),
-           "command": shlex.join([sys.executable, "-m", "examples.multi30k.recipe", "all", *sys.argv[1:]]),
+           "command": shlex.join([sys.executable, "-m", "examples.multi30k.recipe", "all", *args.argv]),
            "arch": results["arch"], "results": rows, "stages": valid,
            "trainings": [{"what": what, **per_update(t)} for what, t in trainings],
            "closure": closure, "export": export, "insertion_results": str(args.out / "insertion" / "results.json")}
@@ -389,6 +393,7 @@ def closure_line(closure: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # the report's command
     args.device = args.device or default_device()
     args.out = args.out.resolve()
     data = args.out / "data"
