@@ -40,8 +40,7 @@ def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
     length ``k``; ``binary_tree``/``uniform`` keep a uniformly random
     ``k``-subset (shuffle the indices, keep the first ``k``), in target order.
 
-    target_lengths: (B,) real target lengths n. Returns keep: (B, N) bool,
-    False on padding.
+    target_lengths: (B,) real target lengths n. Returns keep: (B, N) bool, False on padding.
     """
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
@@ -61,14 +60,12 @@ def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
 
 
 def tree_levels(target_lengths: Tensor, max_len: int) -> Tensor:
-    """The level of every target position in the balanced binary tree that parallel
-    decoding walks: level 0 is the centre of the whole target, level d + 1 the centres
-    of the spans left after levels 0..d (the left centre of an even span, as the
-    binary-tree weights' argmax and the decoder's ties have it).
+    """The level of every target position in the balanced binary tree that parallel decoding walks: level 0 is the
+    centre of the whole target, level d + 1 the centres of the spans left after levels 0..d (the left centre of an even
+    span, as the binary-tree weights' argmax and the decoder's ties have it).
 
-    target_lengths: (B,). Returns (B, N) long; padding positions get ``N``. A
-    canvas of the tokens of levels < d is the state after d parallel iterations
-    of a perfect binary-tree decode (floor(log2 n) + 1 levels in all).
+    target_lengths: (B,). Returns (B, N) long; padding positions get ``N``. A canvas of the tokens of levels < d is the
+    state after d parallel iterations of a perfect binary-tree decode (floor(log2 n) + 1 levels in all).
     """
     B, N = target_lengths.size(0), max_len
     pos = torch.arange(N, device=target_lengths.device).unsqueeze(0).expand(B, N)
@@ -138,9 +135,8 @@ def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Te
 def slot_weights(span_start: Tensor, span_end: Tensor, order: str, tau: float = 1.0) -> Tensor:
     """Per missing token weight w_l(i) within its slot's span.
 
-    binary_tree: softmax over the span of -d_l(i)/tau, with
-    d_l(i) = |(i_l + j_l)/2 - i|; uniform: 1 / span length. Values at non-missing
-    positions are meaningless. Returns (B, N) float, summing to 1 per span.
+    binary_tree: softmax over the span of -d_l(i)/tau, with d_l(i) = |(i_l + j_l)/2 - i|; uniform: 1 / span length.
+    Values at non-missing positions are meaningless. Returns (B, N) float, summing to 1 per span.
     """
     B, N = span_start.shape
     pos = torch.arange(N, device=span_start.device).unsqueeze(0).float()
@@ -174,14 +170,11 @@ def insertion_loss(content_lprobs: Tensor, location_lprobs: Tensor, target: Tens
                    label_smoothing: float = 0.0) -> Tuple[Tensor, Tensor]:
     """Per-sentence insertion loss.
 
-    content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l);
-    so log p(c, l) = content + location. S >= k + 1 for every sentence.
-    target: (B, N) without eos; keep: (B, N) canvas membership from
-    :func:`sample_canvas`.
+    content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l); so log p(c, l) = content + location. S >=
+    k + 1 for every sentence. target: (B, N) without eos; keep: (B, N) canvas membership from :func:`sample_canvas`.
 
-    Returns (loss, nll), each (B,): ``nll`` is the paper's loss; ``loss`` mixes
-    in label smoothing: each slot's target distribution over content becomes
-    (1 - eps) * (its weights) + eps * uniform.
+    Returns (loss, nll), each (B,): ``nll`` is the paper's loss; ``loss`` mixes in label smoothing: each slot's target
+    distribution over content becomes (1 - eps) * (its weights) + eps * uniform.
     """
     if termination not in TERMINATIONS:
         raise ValueError(f"unknown termination {termination!r}; choose one of {TERMINATIONS}")

@@ -1,6 +1,5 @@
-"""Checkpoints and dictionaries: loading a fairseq Transformer checkpoint, warm start
-(``--init-from-transformer``), and the one check that a checkpoint or a data directory
-fits a model's dictionaries.
+"""Checkpoints and dictionaries: loading a fairseq Transformer checkpoint, warm start (``--init-from-transformer``), and
+the one check that a checkpoint or a data directory fits a model's dictionaries.
 
 :func:`check_dictionaries` is used wherever weights or data meet dictionaries: an
 insertion checkpoint loaded with a data directory (the model's ``load_state_dict``), the
@@ -37,10 +36,9 @@ class DictionaryFiles(NamedTuple):
 
 
 def dictionary_files(cfg: Any) -> Optional[DictionaryFiles]:
-    """The dictionary files a translation task config reads (``data``: its first directory, as
-    fairseq reads it; ``source_lang``/``target_lang``, inferred from the file names when unset);
-    None when the directory, its languages or either file are not there. ``cfg``: a task's
-    config, or the ``cfg.task`` saved in a checkpoint."""
+    """The dictionary files a translation task config reads (``data``: its first directory, as fairseq reads it;
+    ``source_lang``/``target_lang``, inferred from the file names when unset); None when the directory, its languages or
+    either file are not there. ``cfg``: a task's config, or the ``cfg.task`` saved in a checkpoint."""
     data = str(getattr(cfg, "data", None) or "").split(":")[0]
     if not data or not os.path.isdir(data):
         return None
@@ -209,23 +207,19 @@ def warm_start(model: nn.Module, args: Any, dictionaries: Optional[DictionaryFil
 
 def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
                           dictionaries: Optional[DictionaryFiles] = None) -> Dict[str, List[str]]:
-    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match into
-    an insertion model.
+    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match into an insertion model.
 
-    Raises ``ValueError`` when the teacher's embedding tables do not fit ``dictionaries`` (the
-    model's dictionary files; :func:`check_dictionaries`), and listing every tensor whose shape
-    differs (typically: other layer sizes). Tensors new in the insertion model
-    (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh
-    initialisation (but see ``slots``) and are named in one log line; teacher
-    tensors the insertion model lacks are named in a warning. Where the insertion model ties tensors
-    the teacher keeps separate (shared embeddings), the first name's value is
-    used and a warning says so. Returns the names: copied, new, unused.
+    Raises ``ValueError`` when the teacher's embedding tables do not fit ``dictionaries`` (the model's dictionary files;
+    :func:`check_dictionaries`), and listing every tensor whose shape differs (typically: other layer sizes). Tensors
+    new in the insertion model (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh initialisation (but see
+    ``slots``) and are named in one log line; teacher tensors the insertion model lacks are named in a warning. Where
+    the insertion model ties tensors the teacher keeps separate (shared embeddings), the first name's value is used and
+    a warning says so. Returns the names: copied, new, unused.
 
-    slots: ``left`` starts the slot projection as [I | 0] (bias 0), so a slot's
-    state is its left neighbour's decoder state, and the location query at 0
-    (uniform p(l)): a slot's content scores are then the teacher's output layer
-    applied to its left neighbour's state, i.e. the teacher's prediction of the
-    token that follows it. ``random`` keeps the fresh initialisation.
+    slots: ``left`` starts the slot projection as [I | 0] (bias 0), so a slot's state is its left neighbour's decoder
+    state, and the location query at 0 (uniform p(l)): a slot's content scores are then the teacher's output layer
+    applied to its left neighbour's state, i.e. the teacher's prediction of the token that follows it. ``random`` keeps
+    the fresh initialisation.
     """
     if slots not in WARM_START_SLOTS:
         raise ValueError(f"--warm-start-slots must be one of {WARM_START_SLOTS}, got {slots!r}")

@@ -182,13 +182,12 @@ def parse_betas(value: Any) -> Tuple[float, ...]:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    """Every insertion decoding option, with its one default; a field with ``help`` is the task's own flag and
-    its help says what it does. fairseq's own flags, read the same way: max_len_a, max_len_b (a canvas never
-    grows beyond ``max_len_a * source length + max_len_b`` tokens, nor the model's positions),
-    no_repeat_ngram_size (n >= 2: no insertion makes an n-gram of the canvas occur twice; 0: off),
-    constraint_order (``ordered`` or ``unordered``: placed in the order the unconstrained translation
-    suggests), lenpen (score = log-probability / (n + 1) ** lenpen), unkpen (subtracted from the unknown
-    word's log-probability when choosing) and retain_history (``--retain-iter-history``).
+    """Every insertion decoding option, with its one default; a field with ``help`` is the task's own flag and its help
+    says what it does. fairseq's own flags, read the same way: max_len_a, max_len_b (a canvas never grows beyond
+    ``max_len_a * source length + max_len_b`` tokens, nor the model's positions), no_repeat_ngram_size (n >= 2: no
+    insertion makes an n-gram of the canvas occur twice; 0: off), constraint_order (``ordered`` or ``unordered``: placed
+    in the order the unconstrained translation suggests), lenpen (score = log-probability / (n + 1) ** lenpen), unkpen
+    (subtracted from the unknown word's log-probability when choosing) and retain_history (``--retain-iter-history``).
     """
 
     decoding: str = _option(

@@ -1,14 +1,10 @@
-"""Hard lexical constraints and templates: reading and encoding them for
-fairseq-generate (``--constraints-file``), fairseq-interactive
-(``--constraints``, tab-separated) and the hub interface
-(``translate(..., constraints=[...])``, :mod:`fairseq_insertion.hub`).
-Text only: this module imports neither the model nor the hub.
+"""Hard lexical constraints and templates: reading and encoding them for fairseq-generate (``--constraints-file``),
+fairseq-interactive (``--constraints``, tab-separated) and the hub interface (``translate(..., constraints=[...])``,
+:mod:`fairseq_insertion.hub`). Text only: this module imports neither the model nor the hub.
 
-A constraint is a word sequence that must appear verbatim, contiguous and in
-order in the output; the decoder (:mod:`fairseq_insertion.generator`) puts it
-on the initial canvas. The word ``___`` inside a constraint marks an open slot
-(a template gap); it is encoded as the target dictionary's pad index, which no
-real constraint token can be.
+A constraint is a word sequence that must appear verbatim, contiguous and in order in the output; the decoder
+(:mod:`fairseq_insertion.generator`) puts it on the initial canvas. The word ``___`` inside a constraint marks an open
+slot (a template gap); it is encoded as the target dictionary's pad index, which no real constraint token can be.
 """
 
 import logging
@@ -123,9 +119,8 @@ class TextEncoders:
 
 
 class ConstraintEncoder:
-    """Wraps a tokenizer or BPE (or nothing) as what fairseq-interactive
-    encodes ``--constraints`` with, so that ``___`` gaps survive encoding,
-    and names constraint words missing from the target dictionary.
+    """Wraps a tokenizer or BPE (or nothing) as what fairseq-interactive encodes ``--constraints`` with, so that ``___``
+    gaps survive encoding, and names constraint words missing from the target dictionary.
 
     fairseq-interactive builds one encode function from what the task's
     ``build_tokenizer``/``build_bpe`` return, and passes it both the

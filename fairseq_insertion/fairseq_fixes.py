@@ -51,9 +51,8 @@ def keep_remainder_batch(dataset: FairseqDataset) -> None:
 
 # -------------------------------- UTF-8 input
 def tolerate_invalid_utf8_stdin() -> None:
-    """fairseq-interactive decodes standard input strictly: one invalid UTF-8
-    byte would end the run. Replace such bytes with U+FFFD instead; the word
-    holding it is then unknown, and the generator names its line."""
+    """fairseq-interactive decodes standard input strictly: one invalid UTF-8 byte would end the run. Replace such bytes
+    with U+FFFD instead; the word holding it is then unknown, and the generator names its line."""
     stdin = sys.stdin
     if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
         try:
@@ -79,10 +78,9 @@ def only_constraints(line: str) -> Optional[str]:
 
 
 class ConstraintLines(io.TextIOBase):
-    """Standard input for fairseq-interactive ``--constraints``: a line that starts with a tab (an empty
-    source with constraints, which fairseq's strip would turn into a source) gets :data:`EMPTY_SOURCE`
-    as its source, with a message naming its line number; every other line, and everything else, is
-    the stream's."""
+    """Standard input for fairseq-interactive ``--constraints``: a line that starts with a tab (an empty source with
+    constraints, which fairseq's strip would turn into a source) gets :data:`EMPTY_SOURCE` as its source, with a message
+    naming its line number; every other line, and everything else, is the stream's."""
 
     def __init__(self, stream: Any):
         self._stream, self._lines = stream, 0
@@ -122,16 +120,13 @@ def constraint_lines_on_stdin(task_cfg: Any) -> bool:
 def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
     """fairseq-interactive ``--input FILE``: read like standard input.
 
-    fairseq opens the file with strict UTF-8 decoding (one invalid byte ends
-    the run, losing the lines read with it) and strips every line (a line that
-    starts with a tab, an empty source with constraints, loses the tab, and its
-    first constraint becomes its source). The task's config is the only part of fairseq-interactive's
-    config a plugin receives; through it (its root) this reads ``FILE`` first. When
-    it holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq is
-    pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD
-    (an unknown word), with a warning naming the file and each line, and such a line
-    has the source :data:`EMPTY_SOURCE` (decoded from its constraints). Returns the
-    copy's path, else None."""
+    fairseq opens the file with strict UTF-8 decoding (one invalid byte ends the run, losing the lines read with it) and
+    strips every line (a line that starts with a tab, an empty source with constraints, loses the tab, and its first
+    constraint becomes its source). The task's config is the only part of fairseq-interactive's config a plugin
+    receives; through it (its root) this reads ``FILE`` first. When it holds invalid UTF-8 or, with ``--constraints``,
+    such a line, fairseq is pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD (an unknown
+    word), with a warning naming the file and each line, and such a line has the source :data:`EMPTY_SOURCE` (decoded
+    from its constraints). Returns the copy's path, else None."""
     root = _root(task_cfg)
     interactive = root.get("interactive") if root is not None else None
     path = getattr(interactive, "input", "-") if interactive is not None else "-"
@@ -223,12 +218,11 @@ def command_line_program() -> Optional[str]:
 
 
 def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Callable[[Any], str]) -> bool:
-    """In a fairseq command-line process, an exception that nothing caught, of one of the types ``errors``
-    (options refused by the plugin) or one of fairseq's own option checks (:func:`fairseq_option_check`),
-    ends the run as argparse ends it for a bad option: one line, ``prog: error: <message(exception)>``
-    (fairseq's: its message), on standard error, and exit status 2, instead of a traceback. Any other
-    exception reaches the previous ``sys.excepthook`` as it is. Installed once (``sys.excepthook``);
-    True when this process is such a command line."""
+    """In a fairseq command-line process, an exception that nothing caught, of one of the types ``errors`` (options
+    refused by the plugin) or one of fairseq's own option checks (:func:`fairseq_option_check`), ends the run as
+    argparse ends it for a bad option: one line, ``prog: error: <message(exception)>`` (fairseq's: its message), on
+    standard error, and exit status 2, instead of a traceback. Any other exception reaches the previous
+    ``sys.excepthook`` as it is. Installed once (``sys.excepthook``); True when this process is such a command line."""
     prog = command_line_program()
     if prog is None:
         return False
@@ -305,10 +299,9 @@ def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) 
 
 # -------------------------------- Archives
 def local_model_dir(model_name_or_path: str) -> str:
-    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive file
-    extracted safely into a new folder (:func:`safe_extract`; the archive is left as it
-    was). fairseq itself would extract it with no member filter, next to the archive,
-    and replace the archive by a folder of the same name."""
+    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive file extracted safely into a new folder
+    (:func:`safe_extract`; the archive is left as it was). fairseq itself would extract it with no member filter, next
+    to the archive, and replace the archive by a folder of the same name."""
     path = str(model_name_or_path)
     if not os.path.isfile(path):  # fairseq's from_pretrained takes any file as an archive
         return path

@@ -122,9 +122,8 @@ def cacheable(decoder: TransformerDecoderBase) -> bool:
 
 def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[Tensor]],
                   fused: Optional[FusedProjections] = None) -> EncoderCache:
-    """Project the encoder output to every layer's encoder-attention keys and values once
-    (or keep ``encoder_out`` for layers :func:`cacheable` rejects). ``fused``: the model's
-    :func:`fused_projections` (None: built here)."""
+    """Project the encoder output to every layer's encoder-attention keys and values once (or keep ``encoder_out`` for
+    layers :func:`cacheable` rejects). ``fused``: the model's :func:`fused_projections` (None: built here)."""
     if not cacheable(decoder):
         return EncoderCache(encoder_out, [], [], None)
     fused = fused if fused is not None else fused_projections(decoder)

@@ -85,10 +85,9 @@ class ModelBackend:
 
 
 class InsertionGenerator:
-    """Builds fairseq hypothesis dicts by iterative insertion, as
-    :class:`~fairseq_insertion.config.DecodingConfig` says (every option and
-    its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)``
-    is ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
+    """Builds fairseq hypothesis dicts by iterative insertion, as :class:`~fairseq_insertion.config.DecodingConfig` says
+    (every option and its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)`` is
+    ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 
     With ``eos_penalties`` (and ``first_insertions``) each sentence is decoded
     once per candidate in one batch and its candidates returned best first, by
@@ -126,9 +125,8 @@ class InsertionGenerator:
     # ------------------------------------------------------------------ API
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs) -> List[List[Dict]]:
-        """Decode a batch. ``constraints``: fairseq's packed constraints (B, C)
-        (``pack_constraints``); a ``pad`` token inside a constraint is a
-        template gap. Without it, ``sample["constraints"]`` is used if present."""
+        """Decode a batch. ``constraints``: fairseq's packed constraints (B, C) (``pack_constraints``); a ``pad`` token
+        inside a constraint is a template gap. Without it, ``sample["constraints"]`` is used if present."""
         if len(models) != 1:
             raise NotImplementedError(f"insertion decoding takes one model; got an ensemble of {len(models)}")
         if prefix_tokens is not None:

@@ -1,9 +1,7 @@
-"""The insertion hub interface: fairseq's ``GeneratorHubInterface`` plus hard
-constraints and templates given as text.
+"""The insertion hub interface: fairseq's ``GeneratorHubInterface`` plus hard constraints and templates given as text.
 
-:meth:`InsertionTransformerModel.from_pretrained
-<fairseq_insertion.model.InsertionTransformerModel.from_pretrained>` and
-:func:`fairseq_insertion.hub.from_pretrained` return one.
+:meth:`InsertionTransformerModel.from_pretrained <fairseq_insertion.model.InsertionTransformerModel.from_pretrained>`
+and :func:`fairseq_insertion.hub.from_pretrained` return one.
 """
 
 import logging

@@ -335,10 +335,9 @@ class InsertionTransformerModel(TransformerModel):
         return self.decoder.max_positions()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse a checkpoint that does not fit this model: embedding tables that do not fit the
-        dictionaries (:func:`~fairseq_insertion.checkpoints.check_dictionaries`, naming
-        :attr:`dictionary_files`; the usual cause: a data directory other than the one the model was
-        trained with), or any other shape that differs."""
+        """Refuse a checkpoint that does not fit this model: embedding tables that do not fit the dictionaries
+        (:func:`~fairseq_insertion.checkpoints.check_dictionaries`, naming :attr:`dictionary_files`; the usual cause: a
+        data directory other than the one the model was trained with), or any other shape that differs."""
         if self.dictionary_files is not None:
             check_dictionaries(self.dictionary_files, "the checkpoint", weights=state_dict)
         if any(k.startswith(PREFIX) for k in state_dict):  # the optional slot-closure head

@@ -1,6 +1,5 @@
-"""Reranking insertion candidates with an autoregressive fairseq transformer
-(``--rerank-with PATH``, e.g. the distillation teacher): the insertion analogue
-of fairseq's ``--iter-decode-with-external-reranker``.
+"""Reranking insertion candidates with an autoregressive fairseq transformer (``--rerank-with PATH``, e.g. the
+distillation teacher): the insertion analogue of fairseq's ``--iter-decode-with-external-reranker``.
 
 The candidates of a batch (each sentence decoded under several EOS penalties,
 ``--eos-penalties``) are scored in one teacher-forced forward pass, on one
@@ -34,9 +33,8 @@ class AutoregressiveScorer:
         """Load a transformer checkpoint trained with the same dictionaries as the insertion model
         (``src_dict``/``tgt_dict``, read from the files ``dictionaries``).
 
-        Refused, naming the files: another kind of model, or other dictionaries (its
-        embedding tables have other sizes, or its training data directory, where it still
-        exists, holds other dictionary files).
+        Refused, naming the files: another kind of model, or other dictionaries (its embedding tables have other sizes,
+        or its training data directory, where it still exists, holds other dictionary files).
         """
         state = transformer_checkpoint(path, OPTION)
         trained_with = dictionary_files(state["cfg"].get("task"))

@@ -16,9 +16,8 @@ CONTENT_LOCATION = ("factorized", "joint")
 class SlotHead(nn.Module):
     """Slot states H (B, S, h) -> content scores (B, S, V) and location logits (B, S).
 
-    Content scores are log-scores whose softmax over the vocabulary is p(c | l);
-    location logits' softmax over the real slots is p(l) (see
-    :meth:`InsertionTransformerModel.slot_log_probs`). Paper, "Model Variants":
+    Content scores are log-scores whose softmax over the vocabulary is p(c | l); location logits' softmax over the real
+    slots is p(l) (see :meth:`InsertionTransformerModel.slot_log_probs`). Paper, "Model Variants":
 
     * factorized: p(l) = softmax(H q), p(c | l) = softmax(h_l W);
     * joint: p(c, l) = softmax(flatten(H W)), i.e. location logits are the
@@ -60,10 +59,8 @@ class SlotHead(nn.Module):
                 select: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W.
 
-        select: (B, S) bool, decoding only: score the content of these slots
-        alone; content is then (N, V) for the N selected slots in row-major
-        order, and in the joint variant the location logits of the other
-        slots are -inf.
+        select: (B, S) bool, decoding only: score the content of these slots alone; content is then (N, V) for the N
+        selected slots in row-major order, and in the joint variant the location logits of the other slots are -inf.
         """
         B, S, h = H.shape
         bias = None

@@ -65,9 +65,8 @@ GENERATION_INSTEAD = {"beam": "--eos-penalties", "iter_decode_eos_penalty": "--e
 
 
 def task_field(option: dataclasses.Field) -> Tuple[str, Any, dataclasses.Field]:
-    """A :class:`DecodingConfig` field as a field of the task's config: named after its flag, with its help;
-    a choice is a ChoiceEnum, the EOS penalties (comma-separated) and a checkpoint path an optional string
-    (None: not given)."""
+    """A :class:`DecodingConfig` field as a field of the task's config: named after its flag, with its help; a choice is
+    a ChoiceEnum, the EOS penalties (comma-separated) and a checkpoint path an optional string (None: not given)."""
     name = option.metadata["flag"][2:].replace("-", "_")
     if option.metadata["choices"]:
         kind: Any = ChoiceEnum(list(option.metadata["choices"]))
@@ -128,12 +127,10 @@ class InsertionTranslationTask(TranslationTask):
         return model
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
-        """For a dataset loaded for training (:meth:`load_dataset` without a
-        saved task config: fairseq-train's train and valid splits), fairseq's
-        rule (raise, or skip with --skip-invalid-size-inputs-valid-test). For
-        any other (fairseq-generate's test set, fairseq-interactive's and the
-        hub's lines), a line too long for the model is skipped with an error
-        naming it, and every other line is translated."""
+        """For a dataset loaded for training (:meth:`load_dataset` without a saved task config: fairseq-train's train
+        and valid splits), fairseq's rule (raise, or skip with --skip-invalid-size-inputs-valid-test). For any other
+        (fairseq-generate's test set, fairseq-interactive's and the hub's lines), a line too long for the model is
+        skipped with an error naming it, and every other line is translated."""
         if dataset in self._training_datasets:
             return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
         indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
@@ -195,8 +192,7 @@ class InsertionTranslationTask(TranslationTask):
         return ConstraintEncoder(self.text_encoders.tokenizer, self.target_dictionary, last=False)
 
     def build_bpe(self, args) -> ConstraintEncoder:
-        """The BPE as fairseq-interactive's encoder of ``--constraints``; the raw one goes to
-        :attr:`text_encoders`."""
+        """The BPE as fairseq-interactive's encoder of ``--constraints``; the raw one goes to :attr:`text_encoders`."""
         self.text_encoders.bpe = super().build_bpe(args)
         return ConstraintEncoder(self.text_encoders.bpe, self.target_dictionary, last=True)
 

@@ -157,11 +157,10 @@ def _keys_values(g: Graph, x: str, layers, rows: Optional[str] = None,
 
 def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[str, str]], src_mask: str,
             causal: bool = False) -> Tuple[str, str]:
-    """fairseq's TransformerDecoderBase's layer stack in inference on ``tokens`` (A, T): embeddings, every
-    layer (self-attention, causal or over the whole canvas; encoder attention on ``keys_values``, per layer
-    (A, heads, S, d) each, masked by src_mask (A, S) int32; FFN; layer norms before or after as
-    configured), the final layer norm and output projection: its final states (A, T, C) and where the
-    tokens are real (A, T)."""
+    """fairseq's TransformerDecoderBase's layer stack in inference on ``tokens`` (A, T): embeddings, every layer
+    (self-attention, causal or over the whole canvas; encoder attention on ``keys_values``, per layer (A, heads, S, d)
+    each, masked by src_mask (A, S) int32; FFN; layer norms before or after as configured), the final layer norm and
+    output projection: its final states (A, T, C) and where the tokens are real (A, T)."""
     keep = g.op("Not", g.op("Equal", tokens, g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, T)
     x = _embed(g, tokens, keep, dec, encoder=False)  # (A, T, C)
     mask = _mask(g, keep)
@@ -301,12 +300,11 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
 
 def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False,
                project: bool = True) -> Tuple[str, Optional[str]]:
-    """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the
-    final states x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``,
-    log p(l) (A, W-1), -inf at padding slots, and returns the content scores of the ``open_slots`` (N,)
-    (flat indices into the A x (W-1) slots) alone, (N, V), and None; ``shortlisted``: their scores over their
-    sentence's list (the inputs ``shortlist`` (A, L) and ``shortlist_weights`` (A, L, C)), (N, L), and the
-    listed ids (N, L)."""
+    """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the final states
+    x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``, log p(l) (A, W-1), -inf
+    at padding slots, and returns the content scores of the ``open_slots`` (N,) (flat indices into the A x (W-1) slots)
+    alone, (N, V), and None; ``shortlisted``: their scores over their sentence's list (the inputs ``shortlist`` (A, L)
+    and ``shortlist_weights`` (A, L, C)), (N, L), and the listed ids (N, L)."""
     end = np.iinfo(np.int64).max
     pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
                  g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)

@@ -143,9 +143,8 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
 
 
 def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, bounds: Bounds) -> Pass:
-    """Apply one step's insertions to every per-token array; say which sentences go on (the pass's one
-    host round trip): those that inserted something, are below their length limit and their
-    iteration bound."""
+    """Apply one step's insertions to every per-token array; say which sentences go on (the pass's one host round trip):
+    those that inserted something, are below their length limit and their iteration bound."""
     new_len = state.lengths + choice.mask.sum(1)  # (A,)
     inserted = choice.mask.any(1)
     iterations = state.iterations + xp.long(inserted)
@@ -201,10 +200,9 @@ def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: i
 
 def candidate_scores(log_prob: Array, lengths: Array, lenpen: float, teacher: Optional[Array] = None,
                      weight: float = 0.0) -> Array:
-    """(R,) each candidate's score, by which its sentence's candidates are ordered: the decode's
-    log-probability ``log_prob`` (R,) / (n + 1) ** lenpen, its n tokens and the end; with a scorer's
-    log-probabilities ``teacher`` (R,) (the end included), the scorer's / (n + 1) ** lenpen + ``weight`` x
-    the decode's (``--rerank-weight``)."""
+    """(R,) each candidate's score, by which its sentence's candidates are ordered: the decode's log-probability
+    ``log_prob`` (R,) / (n + 1) ** lenpen, its n tokens and the end; with a scorer's log-probabilities ``teacher`` (R,)
+    (the end included), the scorer's / (n + 1) ** lenpen + ``weight`` x the decode's (``--rerank-weight``)."""
     norm = (lengths + 1) ** lenpen  # (R,)
     return log_prob / norm if teacher is None else (teacher + weight * log_prob) / norm
 

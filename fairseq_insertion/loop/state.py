@@ -13,8 +13,7 @@ from .starts import Start
 
 
 class Canvases(NamedTuple):
-    """The decoding state: one row per sentence (the active ones inside the loop). Built and changed by
-    keyword only."""
+    """The decoding state: one row per sentence (the active ones inside the loop). Built and changed by keyword only."""
 
     rows: Array  # (A,) index of each row in the batch
     tokens: Array  # (A, K) canvas tokens, pad after each length

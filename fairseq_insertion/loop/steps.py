@@ -112,10 +112,9 @@ class Bounds(NamedTuple):
 
     @classmethod
     def build(cls, xp: Ops, options: DecodeOptions) -> "Bounds":
-        """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the
-        iteration bound, ``close_ended_slots`` (which only slot-finalization models use), whether the
-        end-of-sequence decision is a canvas's best (slot, eos) (greedy decoding of a sequence-finalization
-        model) and ``max_per_pass``."""
+        """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the iteration
+        bound, ``close_ended_slots`` (which only slot-finalization models use), whether the end-of-sequence decision is
+        a canvas's best (slot, eos) (greedy decoding of a sequence-finalization model) and ``max_per_pass``."""
         config, termination = options.config, options.termination
         return cls(rule=step_rule(xp, config.decoding, termination, options.eos), max_iterations=config.max_iterations,
                    close_ended=config.close_ended_slots and termination == "slot",

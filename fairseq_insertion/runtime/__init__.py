@@ -164,16 +164,14 @@ class Translator:
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
                         constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None, num_hypotheses: int = 1,
                         return_passes: bool = False, **options: Any) -> List[TranslationResult]:
-        """Translate token lists (the model's subword pieces, no end-of-sentence marker): one
-        :class:`TranslationResult` per input, in input order. max_batch_size: at most this many
-        sentences decoded together (0: all; sentences of similar length go together).
-        constraints: per input, its hard constraints, each a list of target pieces (``___``: a
-        template gap), in the order they must appear. num_hypotheses: how many of each input's
-        candidates to return, best first (at most first_insertions x eos_penalties). return_passes: each
-        hypothesis's canvas after every pass too (:attr:`TranslationResult.passes`). options: decoding options (see
-        the module), the export's values by default. A source or constraints that are not
-        lists of token lists (non-empty strings without whitespace), or a max_batch_size that is not an
-        integer >= 0, is refused with a TranslatorError naming it."""
+        """Translate token lists (the model's subword pieces, no end-of-sentence marker): one :class:`TranslationResult`
+        per input, in input order. max_batch_size: at most this many sentences decoded together (0: all; sentences of
+        similar length go together). constraints: per input, its hard constraints, each a list of target pieces
+        (``___``: a template gap), in the order they must appear. num_hypotheses: how many of each input's candidates to
+        return, best first (at most first_insertions x eos_penalties). return_passes: each hypothesis's canvas after
+        every pass too (:attr:`TranslationResult.passes`). options: decoding options (see the module), the export's
+        values by default. A source or constraints that are not lists of token lists (non-empty strings without
+        whitespace), or a max_batch_size that is not an integer >= 0, is refused with a TranslatorError naming it."""
         check_source(source)
         max_batch_size = count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
@@ -193,11 +191,10 @@ class Translator:
                        preprocessing: Optional[Preprocessing] = None,
                        constraints: Optional[Sequence[Sequence[str]]] = None, **options: Any) -> List[str]:
         """Translate raw lines: each prepared as the training data was (:func:`~fairseq_insertion.preprocess.
-        prepare_line` with ``preprocessing``, default the export's record), its best hypothesis
-        detokenised (BPE joins removed, Moses-detokenised in the target language); an empty line, or one
-        that tokenises to nothing, gives an empty string. constraints: per line, its raw target phrases,
-        prepared as the target side was (:func:`~fairseq_insertion.preprocess.prepare_constraint`).
-        Needs sacremoses and subword-nmt."""
+        prepare_line` with ``preprocessing``, default the export's record), its best hypothesis detokenised (BPE joins
+        removed, Moses-detokenised in the target language); an empty line, or one that tokenises to nothing, gives an
+        empty string. constraints: per line, its raw target phrases, prepared as the target side was
+        (:func:`~fairseq_insertion.preprocess.prepare_constraint`). Needs sacremoses and subword-nmt."""
         check_lines(lines, "lines")
         if constraints is not None:
             check_rows(constraints, len(lines))
