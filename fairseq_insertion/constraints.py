@@ -30,20 +30,26 @@ def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tenso
     ``encode_fn`` (tokenizer then BPE, or None for already-encoded text) is
     applied to the pieces between ``___`` gaps, so a gap survives any
     tokenizer; each gap becomes ``dictionary.pad()``."""
+    pieces = _encoded_pieces(text, encode_fn, dictionary)
     ids: List[int] = []
-    unknown: List[str] = []
-    pieces = _GAP_SPLIT.split(text.strip())
     for i, piece in enumerate(pieces):
+        ids.extend([dictionary.pad()] * (i > 0) + [dictionary.index(w) for w in piece.split()])
+    return torch.tensor(ids, dtype=torch.long), _unknown(pieces, dictionary)
+
+
+def _encoded_pieces(text: str, encode_fn: EncodeFn, dictionary) -> List[str]:
+    """The pieces of a constraint between its ``___`` gaps, each refused if it holds a special symbol, then
+    encoded by ``encode_fn`` (None: as given)."""
+    pieces = _GAP_SPLIT.split(text.strip())
+    for piece in pieces:
         _refuse_special_symbols(piece, dictionary, text)
-        words = (encode_fn(piece.strip()) if encode_fn is not None and piece.strip() else piece).split()
-        for w in words:
-            idx = dictionary.index(w)
-            ids.append(idx)
-            if idx == dictionary.unk() and w != dictionary.unk_word:
-                unknown.append(w)
-        if i < len(pieces) - 1:
-            ids.append(dictionary.pad())
-    return torch.tensor(ids, dtype=torch.long), unknown
+    return [encode_fn(p.strip()) if encode_fn is not None and p.strip() else p.strip() for p in pieces]
+
+
+def _unknown(pieces: Sequence[str], dictionary) -> List[str]:
+    """The words of ``pieces`` missing from ``dictionary``."""
+    unk = dictionary.unk()
+    return [w for p in pieces for w in p.split() if dictionary.index(w) == unk and w != dictionary.unk_word]
 
 
 def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, line: str) -> List[Tensor]:
@@ -135,14 +141,10 @@ class ConstraintEncoder:
 
     def encode(self, x: str) -> str:
         """One constraint: the pieces between gaps encoded one by one, the gaps kept."""
-        raw = _GAP_SPLIT.split(x.strip())
-        for p in raw:
-            _refuse_special_symbols(p, self.dictionary, x)
-        pieces = [self.inner.encode(p.strip()) if self.inner is not None and p.strip() else p.strip() for p in raw]
+        pieces = _encoded_pieces(x, None if self.inner is None else self.inner.encode, self.dictionary)
         if not self.last:
             return f" {GAP} ".join(pieces)
-        unknown = [w for p in pieces for w in p.split() if self.dictionary.index(w) == self.dictionary.unk()
-                   and w != self.dictionary.unk_word]
+        unknown = _unknown(pieces, self.dictionary)
         if unknown:  # the generator names the line (fairseq gives the encoder none)
             logger.warning("constraint %r holds %d word(s) not in the target dictionary, read as <unk>: %s",
                            x, len(unknown), " ".join(repr(w) for w in unknown))
