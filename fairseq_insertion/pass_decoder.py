@@ -62,21 +62,12 @@ def check_layers(decoder: nn.Module) -> None:
                          f"without {', '.join(found)}")
 
 
-class EncoderKeysValues(NamedTuple):
-    """Each decoder layer's encoder-attention keys and values (A, heads, S_src, d), and the source mask
-    (A, 1, 1, S_src), True at real tokens (None: none padded)."""
-
-    keys: List[Tensor]
-    values: List[Tensor]
-    source_keep: Optional[Tensor]
-
-
-def encoder_side(decoder: nn.Module, encoder_out: dict) -> EncoderKeysValues:
+def encoder_side(decoder: nn.Module, encoder_out: dict) -> EncoderCache:
     """The encoder-attention keys and values of fairseq's ``encoder_out``, with their gradient (training)."""
     enc = encoder_out["encoder_out"][0]  # (S_src, B, C)
     mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
     keys, values = encoder_keys_values_per_layer(decoder, enc)
-    return EncoderKeysValues(keys, values, None if mask is None else ~mask[:, None, None, :])
+    return EncoderCache(None, keys, values, None if mask is None else ~mask[:, None, None, :])
 
 
 def cached_layers(decoder: nn.Module) -> range:
@@ -84,7 +75,7 @@ def cached_layers(decoder: nn.Module) -> range:
     return range(len(decoder.layers) - decoder.recomputed)
 
 
-def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
+def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderCache,
            past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None,
            span: Optional[range] = None) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
     """The decoder layers ``span`` (all by default) over ``x`` (T, A, C) (embedded, positions added, or the states
@@ -122,7 +113,7 @@ def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderKeysValues,
     return x, kv
 
 
-def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderKeysValues,
+def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderCache,
                fused: Optional[List[Projection]] = None) -> Tensor:
     """The top ``--recomputed-layers`` over whole canvases, full attention as in the plain decoder: x (A, T, C) the
     cached layers' states of the framed canvases, real (A, T) their columns -> the final states (A, T, C)."""
@@ -201,7 +192,7 @@ def pass_mask(levels: Tensor, pad_level: int) -> Tensor:
 
 
 def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target_lengths: Tensor,
-                      enc: EncoderKeysValues) -> Tensor:
+                      enc: EncoderCache) -> Tensor:
     """The cached layers' states (B, N + 2, C) of the framed target ``framed`` (B, N + 2) under the pass mask (the
     final states when every layer is cached): each position's as the cached decoder computes it in the pass after its
     insertion."""
@@ -210,7 +201,7 @@ def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target
     return layers(decoder, x, pass_mask(levels, framed.size(1) - 1), enc, span=cached_layers(decoder))[0]
 
 
-def canvas_states(decoder: nn.Module, framed: Tensor, levels: Tensor, enc: EncoderKeysValues) -> Tensor:
+def canvas_states(decoder: nn.Module, framed: Tensor, levels: Tensor, enc: EncoderCache) -> Tensor:
     """The final states (A, T + 2, C) of framed canvases (A, T + 2) whose tokens were inserted by the passes
     ``levels`` (A, T + 2) (bos and eos -1, padding T + 1), computed whole: the cached layers under the pass mask,
     the recomputed ones over the canvas."""
@@ -278,9 +269,7 @@ def trajectory_output(decoder: nn.Module, framed: Tensor, levels: Optional[Tenso
         k = slots.real.sum(1, keepdim=True) - 1  # (R, 1)
         columns = F.pad(slots.left, (0, 1)).scatter(1, k + 1, (target_lengths[slots.sentence] + 1).unsqueeze(1))
         real = torch.arange(columns.size(1), device=k.device).unsqueeze(0) <= k + 1  # (R, S + 1)
-        rows = EncoderKeysValues([x.index_select(0, slots.sentence) for x in enc.keys],
-                                 [x.index_select(0, slots.sentence) for x in enc.values],
-                                 None if enc.source_keep is None else enc.source_keep.index_select(0, slots.sentence))
+        rows = enc.select(slots.sentence)
         H = decoder.pair_slots(recomputed(decoder, _rows(states[slots.sentence], columns), real, rows))  # (R, S, C)
     else:
         H = slot_head(decoder).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
@@ -309,10 +298,6 @@ class PassCache(NamedTuple):
                          self.index.index_select(0, order))
 
 
-def _encoder(cache: EncoderCache) -> EncoderKeysValues:
-    return EncoderKeysValues(cache.keys, cache.values, cache.source_keep)
-
-
 def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int, eos: int) -> PassCache:
     """The cache before the first pass: bos and eos, attending to each other alone."""
     device = decoder.fractional.ends.device
@@ -320,7 +305,7 @@ def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int,
     positions = decoder.fractional.ends.unsqueeze(0).expand(batch, 2, -1)  # (A, 2, C)
     fused = encoder.fused.self_attention if encoder.fused is not None else None
     states, kv = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
-                        _encoder(encoder), None, fused, cached_layers(decoder))
+                        encoder, None, fused, cached_layers(decoder))
     return PassCache(encoder, [k for k, _ in kv], [v for _, v in kv], positions, states,
                      framed.new_ones(batch, 2, dtype=torch.bool), torch.arange(2, device=device).expand(batch, 2))
 
@@ -348,18 +333,18 @@ def pass_states(decoder: nn.Module, framed: Tensor, fresh: Tensor, cache: PassCa
     index = torch.where(fresh, M + fresh.long().cumsum(1) - 1, index)  # (A, T + 2) fresh: appended in canvas order
     if W == 0:
         cache = cache._replace(index=index)
-        return recomputed(decoder, _rows(cache.states, index), real, _encoder(cache.encoder), _fused(cache)), cache
+        return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache)), cache
     left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
     positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
     tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
     new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
     keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
-    states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, _encoder(cache.encoder),
+    states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, cache.encoder,
                         list(zip(cache.keys, cache.values)), _fused(cache), cached_layers(decoder))  # (A, W, C)
     cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
                       torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
                       torch.cat([cache.real, new], 1), index)
-    return recomputed(decoder, _rows(cache.states, index), real, _encoder(cache.encoder), _fused(cache)), cache
+    return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache)), cache
 
 
 def _fused(cache: PassCache) -> Optional[List[Projection]]:

@@ -224,7 +224,7 @@ class Recompute(ModelBackend):
         levels = torch.full_like(framed, width).masked_scatter(real & ~fresh, before[before.ge(-1)])
         levels = torch.where(fresh, torch.full_like(framed, t), levels)
         decoder = self.model.decoder
-        states = PD.canvas_states(decoder, framed, levels, PD.EncoderKeysValues(enc.keys, enc.values, enc.source_keep))
+        states = PD.canvas_states(decoder, framed, levels, enc)
         H = decoder.pair_slots(states)  # (A, S, C)
         content, location = decoder.head(H, real[:, 1:], decoder.output_layer, open_)
         location = location.masked_fill(~real[:, 1:], float("-inf")).log_softmax(-1)
