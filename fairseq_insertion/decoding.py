@@ -1,5 +1,5 @@
-"""Insertion decoding on torch: torch's arrays for the loop (:data:`TORCH`), the word edges kept at
-constraints, the torch start of a decode and the order of constraints (paper: "Inference"). The loop itself,
+"""Insertion decoding on torch: torch's arrays for the loop (:data:`TORCH`) and the word edges kept at
+constraints (paper: "Inference"). The loop itself,
 the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`) and the step
 rules live in :mod:`fairseq_insertion.loop` (torch-free, shared with the deployment runtime), every option and
 its default, :class:`~fairseq_insertion.config.DecodingConfig`, in :mod:`fairseq_insertion.config`.
@@ -100,28 +100,3 @@ class WordEdges(NamedTuple):
         marked for (``@@`` at the end, ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
         scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
         return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))
-
-
-# ---------------------------------------------------------------- the state of the loop
-class InitialCanvas(L.Start):
-    """Where a decode starts (:class:`fairseq_insertion.loop.Start`) on torch tensors."""
-
-    __slots__ = ()
-
-    @classmethod
-    def empty(cls, batch: int, device, pad: int) -> "InitialCanvas":
-        """The unconstrained start: an empty canvas, every slot open."""
-        return cls(*L.Start.blank(TORCH, batch, torch.zeros(0, dtype=torch.long, device=device), pad))
-
-    def emptied(self, rows: Tensor, pad: int) -> "InitialCanvas":
-        """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
-        r = rows.unsqueeze(1)
-        return self._replace(tokens=self.tokens.masked_fill(r, pad), lengths=self.lengths.masked_fill(rows, 0),
-                             closed_before=self.closed_before & ~r, closed_end=self.closed_end & ~rows)
-
-
-def constraint_canvas(packed: Tensor, gap: int, pad: int) -> InitialCanvas:
-    """The initial canvas of a constrained decode, from fairseq's packed constraints (B, C), a ``gap``
-    token inside a constraint marking a template's open slot: see :func:`fairseq_insertion.loop.constraint_canvas`
-    (the same rule for the runtime). Returns the :class:`InitialCanvas`."""
-    return InitialCanvas(*L.constraint_canvas(TORCH, packed, gap, pad))

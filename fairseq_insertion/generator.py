@@ -18,7 +18,7 @@ from torch import Tensor
 from . import loop as L
 from . import slots as S
 from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
-from .decoding import TORCH, InitialCanvas, WordEdges, constraint_canvas
+from .decoding import TORCH, WordEdges
 from .loop import Canvases
 from .pass_decoder import OPTION as CACHED_DECODER
 
@@ -162,27 +162,17 @@ class InsertionGenerator:
                             beta("closure"), beta("lookahead"), bool(getattr(model, "incremental", False)))
 
     def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
-        """Each line's initial canvas and length limit (B,); the lines that cannot be decoded (empty, or
-        constraints over the limit) named."""
+        """Each line's initial canvas and length limit (B,) (:func:`~fairseq_insertion.loop.prepare`); the lines
+        that cannot be decoded (empty, or constraints over the limit) named."""
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-        B, K = src_tokens.size(0), self.config.first_insertions
-        if K > 1 and constraints is not None:
-            raise ValueError(f"--first-insertions {K} (first_insertions=) branches from the empty canvas: it "
-                             "applies to unconstrained decoding, not with constraints")
-        real_src = src_tokens.ne(self.src_pad) & src_tokens.ne(self.src_eos)  # (B, S)
-        empty = ~real_src.any(1)  # (B,) an empty source line translates to an empty output (unless constrained)
-        init = self._initial_canvas(constraints, B, src_tokens.device)
-        self._report_inputs(sample, src_tokens, empty, src_tokens.eq(self.src_unk).sum(1), init.lengths.gt(0))
+        init = self._initial_canvas(constraints, src_tokens.size(0), src_tokens.device)
+        p = L.prepare(TORCH, src_lengths, init, self.config, limit, self.pad, constraints is not None)
+        self._report_inputs(sample, src_tokens, p.empty, src_tokens.eq(self.src_unk).sum(1), p.held.gt(0))
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)
-        # an empty line stays empty; an empty source with constraints is decoded from them, its limit at least theirs
-        max_len, too_long = L.length_limits(TORCH, L.length_limit(TORCH, src_lengths, self.config, limit), empty,
-                                            init.lengths, limit)  # too long: the output empty
-        if bool(too_long.any()):
-            self._report_too_long(sample, src_tokens, too_long, init.lengths, max_len)
-            init = init.emptied(too_long, self.pad)
-            max_len = max_len.masked_fill(too_long, 0)
-        return init, max_len
+        if bool(p.unfit.any()):
+            self._report_too_long(sample, src_tokens, p.unfit, p.held, p.limit)
+        return p.start, p.max_len
 
     def _hypos(self, found: L.Decoded, B: int) -> List[List[Dict]]:
         """fairseq's hypothesis dicts of every sentence's candidates, best first."""
@@ -204,15 +194,15 @@ class InsertionGenerator:
             rows.append(h)
         return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
 
-    def _initial_canvas(self, constraints, B: int, device) -> InitialCanvas:
+    def _initial_canvas(self, constraints, B: int, device) -> L.Start:
         """The empty canvas of every line, or the one holding its constraints."""
         if constraints is None:
-            return InitialCanvas.empty(B, device, self.pad)
+            return L.Start.blank(TORCH, B, torch.zeros(0, dtype=torch.long, device=device), self.pad)
         if not torch.is_tensor(constraints) or constraints.dim() != 2 or constraints.size(0) != B:
             raise ValueError("constraints must be fairseq's packed constraints, a (batch, length) tensor "
                              f"(fairseq.token_generation_constraints.pack_constraints); got {constraints!r}")
         # a pad token inside a constraint is a template gap (___)
-        return constraint_canvas(constraints.to(device).long(), gap=self.pad, pad=self.pad)
+        return L.constraint_canvas(TORCH, constraints.to(device).long(), gap=self.pad, pad=self.pad)
 
     def _record(self, state: Canvases, inserted: Tensor) -> None:
         """--retain-iter-history: the canvas of every sentence that changed in this step."""

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from fairseq_insertion import loop as L
-from fairseq_insertion.decoding import TORCH, InitialCanvas
+from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.loop import geometry
 
 
 def _cap(insert: Tensor, score: Tensor, room: Tensor) -> Tensor:
@@ -83,10 +84,11 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         too_long = len0 > max_len  # (B,) constraints that do not fit: that line's output is empty
         if bool(too_long.any()):
             self._report_too_long(sample, src_tokens, too_long, len0, max_len)
-            init = init.emptied(too_long, self.pad)
+            init = init.emptied(TORCH, too_long, self.pad)
             max_len = max_len.masked_fill(too_long, 0)
         if self.config.constraint_order == "unordered" and constraints is not None and init[0].size(1) > 0:
-            first = self._decode(model, encoder_out, InitialCanvas.empty(B, device, self.pad), max_len, src_tokens)
+            blank = L.Start.blank(TORCH, B, torch.zeros(0, dtype=torch.long, device=device), self.pad)
+            first = self._decode(model, encoder_out, blank, max_len, src_tokens)
             init = _reorder_constraints(init, first[0], first[2])
         canvas, scores, lengths, iterations, final_eos, history, passes = self._decode(
             model, encoder_out, init, max_len, src_tokens)
@@ -115,7 +117,7 @@ class ReferenceInsertionGenerator(InsertionGenerator):
         iterations = torch.zeros(B, dtype=torch.long, device=device)
         final_eos = torch.zeros(B, device=device)  # mean end-of-slot log-prob of the last pass over open slots
         S0 = canvas.size(1) + 1
-        closed = L.closed_slots(TORCH, closed_before, closed_end, lengths, S0)  # (B, S0)
+        closed = geometry.closed_slots(TORCH, closed_before, closed_end, lengths, S0)  # (B, S0)
         any_open = (L.slot_mask(TORCH, lengths, S0) & ~closed).any(1)  # (B,)
         active = torch.arange(B, device=device)[(max_len > lengths) & any_open]
         max_iter = (self.config.max_iterations or int((max_len - lengths).clamp(min=0).max())) if B else 0
@@ -131,7 +133,8 @@ class ReferenceInsertionGenerator(InsertionGenerator):
             content_lp, location_lp = model.slot_log_probs(model.decoder(framed, encoder_out=enc), framed)
             passes += 1
             S = content_lp.size(1)
-            closed = L.closed_slots(TORCH, closed_before[active], closed_end[active], lengths[active], S)  # (A, S)
+            closed = geometry.closed_slots(TORCH, closed_before[active], closed_end[active], lengths[active],
+                                           S)  # (A, S)
             slots = L.slot_mask(TORCH, lengths[active], S) & ~closed  # (A, S) the open slots
             final_eos[active] = (content_lp[..., self.eos] * slots).sum(1) / slots.sum(1).clamp(min=1)
             content_lp[..., self.eos] -= self.config.eos_penalty

@@ -9,6 +9,7 @@ import torch
 from fairseq_insertion import canvas as C
 from fairseq_insertion import loop as L
 from fairseq_insertion.decoding import TORCH
+from fairseq_insertion.loop import geometry
 
 PAD, BOS, EOS = 1, 0, 2
 
@@ -93,8 +94,8 @@ def insert(xp, canvas, lengths, slot_tokens, insert_mask, pad):
     trimmed to the longest row, and the new lengths."""
     new_lengths = lengths + insert_mask.sum(1)
     width = int(new_lengths.max()) if canvas.shape[0] > 0 else 0
-    dest = L.insertion_destinations(xp, lengths, insert_mask, canvas.shape[1], width)
-    return L.place(xp, dest, canvas, slot_tokens, width, pad), new_lengths
+    dest = geometry.insertion_destinations(xp, lengths, insert_mask, canvas.shape[1], width)
+    return geometry.place(xp, dest, canvas, slot_tokens, width, pad), new_lengths
 
 
 def test_insert_parallel_and_single():

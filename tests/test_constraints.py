@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairseq_insertion import loop as L
-from fairseq_insertion.decoding import TORCH, constraint_canvas
+from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.loop import geometry
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 from tests.utils import (
     PLUGIN,
@@ -60,14 +61,15 @@ def test_constraint_canvas_matches_the_per_sentence_rule():
         batch = [[[rng.choice([GAP, 4, 5, 6, 7, 8, 9]) for _ in range(rng.randint(0, 4))]
                   for _ in range(rng.randint(0, 3))] for _ in range(rng.randint(1, 5))]
         packed = pack_constraints([[torch.tensor(c, dtype=torch.long) for c in cs] for cs in batch])
-        canvas, lengths, closed_before, closed_end, _ = constraint_canvas(packed, gap=GAP, pad=GAP)
+        canvas, lengths, closed_before, closed_end, _ = L.constraint_canvas(TORCH, packed, gap=GAP, pad=GAP)
         for b, cs in enumerate(batch):
             tokens, ref_closed, ref_end = reference_canvas(cs)
             n = int(lengths[b])
             assert canvas[b, :n].tolist() == tokens, cs
             assert closed_before[b, :n].tolist() == ref_closed, cs
             assert not closed_before[b, n:].any() and bool(closed_end[b]) == ref_end, cs
-            slots = L.closed_slots(TORCH, closed_before, closed_end, lengths, canvas.size(1) + 1)[b, : n + 1].tolist()
+            closed = geometry.closed_slots(TORCH, closed_before, closed_end, lengths, canvas.size(1) + 1)
+            slots = closed[b, : n + 1].tolist()
             assert slots == ref_closed + [ref_end]
 
 
@@ -96,7 +98,7 @@ def test_the_loops_constraint_order_is_the_frozen_torch_codes_on_numpy_and_torch
         T = rng.randint(0, 9)
         hyp = torch.tensor([[rng.randint(4, 12) for _ in range(T)] for _ in range(B)], dtype=torch.long).reshape(B, T)
         lengths = torch.tensor([rng.randint(0, T) for _ in range(B)])
-        start = constraint_canvas(packed, gap=GAP, pad=GAP)
+        start = L.constraint_canvas(TORCH, packed, gap=GAP, pad=GAP)
         if start.tokens.size(1) == 0:
             continue
         expected = _reorder_constraints(start, hyp, lengths)
@@ -184,6 +186,7 @@ def test_empty_source_with_constraints_is_decoded_from_them():
     targets = random_targets(d, [4, 4, 4], seed=9)
     sample = batch_for(d, targets)
     sample["net_input"]["src_tokens"][:] = d.eos()
+    sample["net_input"]["src_lengths"][:] = 1  # each line empty: its end-of-sentence marker only
     constraints = _packed([[targets[0][1:3]], [], [targets[2][:3]]])
     hypos = InsertionGenerator(d, max_len_a=0, max_len_b=2).generate([OracleModel(d, targets)], sample,
                                                                      constraints=constraints)

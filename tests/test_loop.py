@@ -14,6 +14,7 @@ from fairseq_insertion import loop as L
 from fairseq_insertion.canvas import log2_bound
 from fairseq_insertion.config import DecodingConfig
 from fairseq_insertion.decoding import TORCH
+from fairseq_insertion.loop import driver
 
 BOS, PAD, EOS = 0, 1, 2
 BACKENDS = {"numpy": (L.NUMPY, np.asarray), "torch": (TORCH, torch.tensor)}
@@ -66,8 +67,8 @@ def decode(backend: str, targets: List[List[int]], decoding: str, max_len: List[
                        closed_end=wrap(np.zeros(B, bool)), lengths=wrap(np.zeros(B, np.int64)),
                        iterations=wrap(np.zeros(B, np.int64)), final_eos=wrap(np.zeros(B, np.float32)),
                        max_len=wrap(np.asarray(max_len, np.int64)))
-    bounds = L.Bounds.build(xp, options_(DecodingConfig(decoding=decoding, **options)))
-    out, work = L.run(Oracle(xp, wrap, targets), state, wrap(np.arange(B)), bounds, record)
+    opts = options_(DecodingConfig(decoding=decoding, **options))
+    out, work = driver.run(Oracle(xp, wrap, targets), state, wrap(np.arange(B)), opts, record)
     lengths = np.asarray(out.lengths).tolist()
     return [np.asarray(out.tokens[b])[:lengths[b]].tolist() for b in range(B)], np.asarray(out.iterations), \
         work.passes
@@ -154,7 +155,7 @@ def test_predict_scores_the_open_slots(backend):
                        closed_end=wrap(np.zeros(2, bool)), lengths=wrap(np.asarray([2, 1], np.int64)),
                        iterations=wrap(np.zeros(2, np.int64)), final_eos=wrap(np.zeros(2, np.float32)),
                        max_len=wrap(np.asarray([9, 9], np.int64)))
-    bounds = L.Bounds.build(xp, options_(DecodingConfig(block_neighbour_copies=True)))
+    opts = options_(DecodingConfig(block_neighbour_copies=True))
     seen = {}
 
     class Scorer:
@@ -167,7 +168,7 @@ def test_predict_scores_the_open_slots(backend):
 
     scorer = Scorer()
     scorer.xp = xp
-    p, _ = L.predict(scorer, state, None, bounds)
+    p, _ = driver.predict(scorer, state, None, opts)
     assert seen["k"] == 1
     assert seen["framed"].tolist() == [[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]]
     assert seen["open"].tolist() == [[True, True, True], [True, True, False]]
@@ -199,8 +200,8 @@ def test_first_insertions_take_every_slot_rule(monkeypatch):
             return L.SlotChoice(np.tile(np.arange(10, 10 + k), (n, 1)), np.zeros((n, k), np.float32),
                                 np.zeros((n, 1), np.float32), np.zeros((n, 1), np.float32))
 
-    bounds = L.Bounds.build(L.NUMPY, options_(DecodingConfig(first_insertions=2)))
-    tokens, _ = driver.first_tokens(Scorer(), None, 2, bounds, np.asarray([5, 7]), None)
+    opts = options_(DecodingConfig(first_insertions=2))
+    tokens, _ = driver.first_tokens(Scorer(), None, 2, opts, np.asarray([5, 7]), None)
     assert np.asarray(tokens).tolist() == [[10, 11], [10, 11]]
     assert seen["framed"].tolist() == [[BOS, EOS], [BOS, EOS]]
     assert [sorted(set(row) - {PAD}) for row in seen["blocked"].tolist()] == [[3, 9], [3, 9]]  # unk and the rule's

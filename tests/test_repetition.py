@@ -13,6 +13,7 @@ from fairseq.token_generation_constraints import pack_constraints
 from fairseq_insertion import loop as L
 from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.loop import bans
 from tests.test_decoding import OracleModel, batch_for, make_dict, random_targets
 
 BOS, PAD, EOS = 0, 1, 2
@@ -49,7 +50,7 @@ def test_repeated_tokens_match_the_definition(n, neighbours):
         framed = torch.full((B, K + 2), PAD)
         for b, k in enumerate(lengths):
             framed[b, :k + 2] = torch.tensor([BOS] + [rng.choice(WORDS) for _ in range(k)] + [EOS])
-        got = L.repeated_tokens(TORCH, framed, n, neighbours, (BOS, EOS), PAD)  # (B, S, M)
+        got = bans.repeated_tokens(TORCH, framed, n, neighbours, (BOS, EOS), PAD)  # (B, S, M)
         assert got.shape[:2] == (B, K + 1)
         for b, k in enumerate(lengths):
             want = brute_force(framed[b].tolist(), n, neighbours)
@@ -81,22 +82,22 @@ def test_canvases_that_repeat_no_token_or_one(n, neighbours, xp, wrap):
         for b, row in enumerate(rows):
             framed[b, :len(row) + 2] = [BOS, *row, EOS]
         for batch in (framed, framed[:1]):
-            got = np.asarray(L.repeated_tokens(xp, wrap(batch), n, neighbours, (BOS, EOS), PAD))  # (B, S, M)
+            got = np.asarray(bans.repeated_tokens(xp, wrap(batch), n, neighbours, (BOS, EOS), PAD))  # (B, S, M)
             M = (2 if neighbours else 0) + n * (batch.shape[1] - n + 1)
             assert got.shape == (len(batch), batch.shape[1] - 1, M)
-            assert np.array_equal(got, L.repeated_tokens(TORCH, torch.tensor(batch), n, neighbours, (BOS, EOS),
+            assert np.array_equal(got, bans.repeated_tokens(TORCH, torch.tensor(batch), n, neighbours, (BOS, EOS),
                                                          PAD).numpy())
             for b in range(len(batch)):
                 want = brute_force(batch[b].tolist(), n, neighbours, words)
                 have = [set(got[b, slot].tolist()) - {PAD} for slot in range(len(want))]
                 assert have == want, (batch[b].tolist(), n)
         if trial % 2 == 0:  # no row repeats a token: the n-gram rule blocks nothing
-            assert not L.NUMPY.might(L.repeats_a_token(L.NUMPY, framed, PAD))
+            assert not L.NUMPY.might(bans.repeats_a_token(L.NUMPY, framed, PAD))
 
 
 def test_no_rule_blocks_nothing():
     framed = torch.tensor([[BOS, 4, 4, EOS]])
-    assert L.repeated_tokens(TORCH, framed, 0, False, (BOS, EOS), PAD).shape == (1, 3, 0)
+    assert bans.repeated_tokens(TORCH, framed, 0, False, (BOS, EOS), PAD).shape == (1, 3, 0)
 
 
 def _neighbour_copies(tokens):

@@ -7,15 +7,16 @@ import torch
 
 from fairseq_insertion import loop as L
 from fairseq_insertion.decoding import TORCH
+from fairseq_insertion.loop import state, steps
 
 EOS = 2
 
 
 def parallel(xp, wrap, insert: np.ndarray, score: np.ndarray, room: np.ndarray) -> np.ndarray:
     """The parallel step's slots on one backend, for a table whose slots are all open."""
-    p = L.SlotScores(open=wrap(np.ones_like(insert)), tokens=wrap(np.where(insert, 7, EOS)), log_probs=wrap(score),
+    p = state.SlotScores(open=wrap(np.ones_like(insert)), tokens=wrap(np.where(insert, 7, EOS)), log_probs=wrap(score),
                      location=wrap(np.zeros_like(score)), final_eos=wrap(np.zeros(len(score), np.float32)))
-    return np.asarray(L.ParallelStep(xp, EOS)(p, wrap(room)).mask)
+    return np.asarray(steps.ParallelStep(xp, EOS)(p, wrap(room)).mask)
 
 
 def by_sorting(insert: np.ndarray, score: np.ndarray, room: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingEr
 from fairseq_insertion.decoding import TORCH
 from fairseq_insertion.export import ExportError, export_model
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.loop import bans, geometry
 from fairseq_insertion.runtime import Translator, TranslatorError
 from fairseq_insertion.runtime import backend as RT
 from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
@@ -253,7 +254,7 @@ def test_the_loops_canvas_operations_agree_on_numpy_and_torch():
         framed, lengths = random_framed(rng, B, W)
         n, neighbours = int(rng.choice([0, 2, 3, 4])), bool(rng.integers(0, 2))
         both = [(L.NUMPY, np.asarray), (TORCH, torch.tensor)]
-        got = [L.repeated_tokens(xp, wrap(framed), n, neighbours, (0, 2), 1) for xp, wrap in both]
+        got = [bans.repeated_tokens(xp, wrap(framed), n, neighbours, (0, 2), 1) for xp, wrap in both]
         assert np.array_equal(got[0], got[1].numpy())
         canvas = framed[:, 1:-1].copy()
         canvas[canvas == 2] = 1
@@ -265,8 +266,8 @@ def test_the_loops_canvas_operations_agree_on_numpy_and_torch():
         values = rng.integers(10, 20, size=(B, S))
         got = []
         for xp, wrap in both:
-            dest = L.insertion_destinations(xp, wrap(lengths), wrap(mask), W - 2, width)
-            got.append((dest, L.place(xp, dest, wrap(canvas), wrap(values), width, 1)))
+            dest = geometry.insertion_destinations(xp, wrap(lengths), wrap(mask), W - 2, width)
+            got.append((dest, geometry.place(xp, dest, wrap(canvas), wrap(values), width, 1)))
         assert np.array_equal(got[0][0], got[1][0].numpy()) and np.array_equal(got[0][1], got[1][1].numpy())
         assert ((got[0][1] != 1).sum(1) == lengths + mask.sum(1)).all()  # every token lands
 

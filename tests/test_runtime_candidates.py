@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fairseq_insertion.checkpoints import dictionary_files
-from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig
+from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.export import ExportError, export, load_scorer
 from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.rerank import AutoregressiveScorer
@@ -199,9 +199,9 @@ def test_first_insertions_branch_from_the_best_first_tokens(setup):
                 assert any(ids == i and abs(score - s) < 1e-4 for i, s in b), (ids, b)
     assert sum(len({tuple(i) for i, _ in b}) for b in branched) > sum(len({tuple(i) for i, _ in p}) for p in plain)
     translator = Translator(exports["plain"], intra_threads=1)
-    with pytest.raises(TranslatorError, match="first_insertions: 3 branches from the empty canvas"):
+    with pytest.raises(DecodingError, match=r"--first-insertions \(first_insertions=\) 3 branches from the empty"):
         translator.translate_batch([["w1"]], constraints=[[["w2"]]], first_insertions=3)
-    with pytest.raises(ValueError, match=r"--first-insertions 3 \(first_insertions=\) branches"):
+    with pytest.raises(ValueError, match=r"--first-insertions \(first_insertions=\) 3 branches"):
         ds = task.dataset("test")
         sample = ds.collater([ds[0]])
         InsertionGenerator(task.target_dictionary, first_insertions=3).generate(

@@ -18,7 +18,8 @@ from onnx import TensorProto  # noqa: E402
 from fairseq_insertion.decoding import TORCH  # noqa: E402
 from fairseq_insertion.export import ExportError, Graph, export_model  # noqa: E402
 from fairseq_insertion.export.graph import _io  # noqa: E402
-from fairseq_insertion.loop import FEEDS, NUMPY, SlotInputs, shortlist_positions  # noqa: E402
+from fairseq_insertion.loop import FEEDS, NUMPY, SlotInputs
+from fairseq_insertion.loop.rules import shortlist_positions  # noqa: E402
 from fairseq_insertion.slots import (  # noqa: E402
     Shortlist,
     SlotRule,

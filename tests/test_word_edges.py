@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from fairseq_insertion import loop as L
 from fairseq_insertion.decoding import TORCH, WordEdges
 from fairseq_insertion.generator import InsertionGenerator
+from fairseq_insertion.loop import bans
 from tests.utils import (
     PLUGIN,
     build_task,
@@ -100,7 +101,7 @@ def test_word_edge_slots_match_the_per_slot_rule():
         canvas = canvas.masked_fill(~real, pad)
         given = torch.rand(B, K).lt(0.5) & real
         framed = L.frame(TORCH, canvas, lengths, bos, eos, pad)
-        got = L.word_edge_slots(TORCH, framed, given, joins_next, eos)
+        got = bans.word_edge_slots(TORCH, framed, given, joins_next, eos)
         want = _slots_reference(framed, given, joins_next, eos)
         real_slots = L.slot_mask(TORCH, lengths, K + 1)
         for g, w in zip(got, want):

@@ -13,7 +13,7 @@ from .ops import Array, Ops
 from .rules import SlotInputs, first_insertion_inputs, slot_inputs
 from .starts import Start, arrange_constraints, candidate_rows, first_insertions
 from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
-from .steps import Bounds, DecodeOptions
+from .steps import DecodeOptions, step_rule
 
 
 class SlotChoice(NamedTuple):
@@ -52,32 +52,32 @@ class Backend(Protocol):
         the end), sentence b's at rows b n ... b n + n - 1; None without a scorer."""
 
 
-def predict(backend: Backend, state: Canvases, memory: Any, bounds: Bounds) -> Tuple[SlotScores, Any]:
+def predict(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions) -> Tuple[SlotScores, Any]:
     """One pass's :class:`SlotScores`: the framed canvases, their open slots, the slots' inputs to the slot rule
     (:func:`slot_inputs`), the backend's :meth:`Backend.score_slots` and :func:`slot_scores`; and the memory after
     the pass."""
-    xp, o = backend.xp, bounds.options
+    xp, o = backend.xp, options
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (A, K + 2)
     open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
-    inputs = slot_inputs(xp, state, framed, open_, bounds)
+    inputs = slot_inputs(xp, state, framed, open_, options)
     fresh = None if state.fresh is None else frame(xp, xp.long(state.fresh), state.lengths, 0, 0, 0) == 1
     c = backend.score_slots(memory, framed, open_, inputs, 1, fresh)  # (N, 1) each, (A, S)
     return slot_scores(xp, open_, c.tokens[:, 0], c.log_probs[:, 0], c.eos_log_probs[:, 0], c.location, o.eos,
-                       bounds.sequence, c.ends, c.end_log_probs), memory if c.memory is None else c.memory
+                       options.sequence, c.ends, c.end_log_probs), memory if c.memory is None else c.memory
 
 
-def first_tokens(backend: Backend, memory: Any, k: int, bounds: Bounds, max_len: Array, shortlist: Optional[Array]
-                 ) -> Tuple[Array, Array]:
+def first_tokens(backend: Backend, memory: Any, k: int, options: DecodeOptions, max_len: Array,
+                 shortlist: Optional[Array]) -> Tuple[Array, Array]:
     """The k best first insertions of each sentence (:func:`first_insertions`), best first (B, k), and their
     log p(c | l) (B, k): one pass over the empty canvases, every slot rule applied and end-of-slot and unk barred
     (:func:`first_insertion_inputs`); ``max_len`` (B,) the length limits; ``shortlist`` (B, L): each sentence's, or
     None."""
-    xp, o = backend.xp, bounds.options
+    xp, o = backend.xp, options
     state = start_state(xp, Start.blank(xp, max_len.shape[0], max_len, o.pad), max_len, None, False, False,
                         shortlist=shortlist)
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (B, 2) the empty canvases
     open_ = framed[:, :1] == framed[:, :1]  # (B, 1)
-    c = backend.score_slots(memory, framed, open_, first_insertion_inputs(xp, state, framed, open_, bounds), k)
+    c = backend.score_slots(memory, framed, open_, first_insertion_inputs(xp, state, framed, open_, options), k)
     return c.tokens, c.log_probs
 
 
@@ -106,7 +106,7 @@ class Work(NamedTuple):
 Record = Callable[[Canvases, Array], None]
 
 
-def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: Optional[Record] = None
+def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions, record: Optional[Record] = None
         ) -> Tuple[Canvases, Work]:
     """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
     the batch. Closed slots never receive an insertion and count as finished. ``record(state,
@@ -118,17 +118,18 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     rooms = (state.max_len - state.lengths).clip(min=0)  # (B,) tokens each may still take
     width, room, n_active, started_width = xp.host(
         state.max_len.max(), rooms.max(), start.sum(), (state.lengths * start).max()) if B else (0, 0, 0, 0)
-    out = state.widened(xp, max(width, K), bounds.pad)  # the result, filled in as sentences finish
-    max_iter = bounds.max_iterations or room
+    out = state.widened(xp, max(width, K), options.pad)  # the result, filled in as sentences finish
+    max_iter, cap = options.config.max_iterations or room, options.config.max_per_pass
+    rule = step_rule(xp, options.config.decoding, options.termination, options.eos)
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
     passes = sentence_passes = positions = 0
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
-        scores, memory = predict(backend, state, memory, bounds)
+        scores, memory = predict(backend, state, memory, options)
         left = state.max_len - state.lengths  # (A,)
-        choice = bounds.rule(scores, left.clip(max=bounds.max_per_pass) if bounds.max_per_pass else left)
-        after = step(xp, state, scores, choice, max_iter, bounds)
+        choice = rule(scores, left.clip(max=cap) if cap else left)
+        after = step(xp, state, scores, choice, max_iter, options)
         passes, sentence_passes, positions = passes + 1, sentence_passes + n_active, positions + after.positions
         if record is not None:
             record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
@@ -142,7 +143,8 @@ def run(backend: Backend, state: Canvases, memory: Any, bounds: Bounds, record: 
     return out, Work(passes, sentence_passes, positions)
 
 
-def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, bounds: Bounds) -> Pass:
+def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, options: DecodeOptions
+         ) -> Pass:
     """Apply one step's insertions to every per-token array; say which sentences go on (the pass's one host round trip):
     those that inserted something, are below their length limit and their iteration bound."""
     new_len = state.lengths + choice.mask.sum(1)  # (A,)
@@ -150,20 +152,20 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
     iterations = state.iterations + xp.long(inserted)
     keep = inserted & (new_len < state.max_len) & (iterations < max_iter)
     final_eos = scores.final_eos
-    if scores.ends is not None and bounds.look_ahead and state.given is None:
-        keep, final_eos = _look_ahead(xp, scores, choice, keep, new_len, bounds)
+    if scores.ends is not None and options.look_ahead and state.given is None:
+        keep, final_eos = _look_ahead(xp, scores, choice, keep, new_len, options)
     ran = state.lengths.sum() + 2 * len(state.lengths) if state.fresh is None else state.fresh.sum()
     width, n_keep, kept_width, positions = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(), ran)
     K = state.tokens.shape[1]
     dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
     closed_before, closed_end = state.closed_before, state.closed_end
     none = choice.mask & False  # (A, S) no slot value: a new token opens the slots on both its sides
-    if bounds.close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
-        ended = scores.open & (scores.tokens == bounds.eos)  # (A, S)
+    if options.close_ended:  # the slots that chose end-of-slot close; slot l < k is the one before token l
+        ended = scores.open & (scores.tokens == options.eos)  # (A, S)
         closed_end = closed_end | xp.gather(ended, state.lengths[:, None])[:, 0]
         closed_before = closed_before | (ended[:, :K] & slot_mask(xp, state.lengths - 1, K))
     new = state._replace(
-        tokens=place(xp, dest, state.tokens, choice.tokens, width, bounds.pad),
+        tokens=place(xp, dest, state.tokens, choice.tokens, width, options.pad),
         scores=place(xp, dest, state.scores, choice.log_probs + scores.location, width, 0.0),  # log p(c, l)
         closed_before=None if closed_before is None else place(xp, dest, closed_before, none, width, False),
         given=None if state.given is None else place(xp, dest, state.given, none, width, False),
@@ -172,13 +174,13 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
     return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width, positions=positions)
 
 
-def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, new_len: Array, bounds: Bounds
+def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, new_len: Array, options: DecodeOptions
                 ) -> Tuple[Array, Array]:
     """The look-ahead closure in a parallel step: the rows ``keep`` (A,) whose every open slot it says the next pass
     closes (the two beside a token inserted, a slot that chose end-of-slot itself) end now, without that pass; their
     final end-of-slot decisions are scored by the head with a uniform log p(l) over the new canvas's slots (the
     pass that would give the model's is not run). Returns the rows that go on and each row's ``final_eos``."""
-    at_end = scores.open & (scores.tokens == bounds.eos)  # (A, S)
+    at_end = scores.open & (scores.tokens == options.eos)  # (A, S)
     closes = scores.ends & (choice.mask | at_end)  # (A, S)
     done = keep & (closes | ~scores.open).all(1)  # (A,)
     slots = xp.cast(2 * choice.mask.sum(1) + at_end.sum(1), like=scores.final_eos)  # (A,) the slots it closes
@@ -234,8 +236,8 @@ class Decoded(NamedTuple):
 def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
            record: Optional[Record] = None, shortlist: Optional[Array] = None) -> Decoded:
     """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
-    empty canvases or their constraints, ``max_len`` (B,) their length limits (:func:`length_limit`,
-    :func:`length_limits`), ``options`` the decoding options and the dictionary's ids. With
+    empty canvases or their constraints, ``max_len`` (B,) their length limits (both from
+    :func:`~fairseq_insertion.loop.starts.prepare`), ``options`` the decoding options and the dictionary's ids. With
     ``first_insertions`` K > 1 each sentence branches from its K best first insertions, and with several
     ``eos_penalties`` each start is decoded under each penalty, as rows of one batch (each source encoded once).
     With ``constraint_order="unordered"`` the constraints are put in order once an unconstrained decode of every
@@ -246,9 +248,8 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     n = config.candidates
     # an incremental backend's memory starts with bos's and eos's states, the first insertions' pass runs no token
     first_scores, work = None, Work(positions=2 * B if backend.incremental else 0)
-    bounds = Bounds.build(xp, options)
     if K > 1:
-        tokens, log_probs = first_tokens(backend, memory, K, bounds, max_len, shortlist)  # (B, K) each
+        tokens, log_probs = first_tokens(backend, memory, K, options, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
         work = work + Work(1, B, 0 if backend.incremental else 2 * B)
     if n > 1:
@@ -261,13 +262,13 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     given = start.tokens.shape[1] > 0 and first_scores is None  # constraints on the canvas
     if config.constraint_order == "unordered" and given:
         blank = Start.blank(xp, B * n, start.lengths, pad)
-        unconstrained, more = run(backend, start_state(xp, blank, max_len, eos_penalty, False, bounds.close_ended,
-                                                    shortlist=shortlist, fresh=backend.incremental), memory, bounds)
+        unconstrained, more = run(backend, start_state(xp, blank, max_len, eos_penalty, False, options.close_ended,
+                                                    shortlist=shortlist, fresh=backend.incremental), memory, options)
         start = arrange_constraints(xp, start, unconstrained.tokens, unconstrained.lengths)
         work = work + more
     state = start_state(xp, start, max_len, eos_penalty, given and options.joins_next is not None,
-                        bounds.close_ended or given, first_scores, record is not None, shortlist, backend.incremental)
-    out, more = run(backend, state, memory, bounds, record)
+                        options.close_ended or given, first_scores, record is not None, shortlist, backend.incremental)
+    out, more = run(backend, state, memory, options, record)
     work = work + more
     real = xp.arange(out.tokens.shape[1], like=out.lengths)[None, :] < out.lengths[:, None]  # (B n, W)
     log_prob = xp.where(real, out.scores, 0.0).sum(1) + out.final_eos  # (B n,)

@@ -19,7 +19,7 @@ import numpy as np
 from .bans import repeated_tokens, word_edge_bans
 from .ops import Array, Ops
 from .state import Canvases
-from .steps import Bounds
+from .steps import DecodeOptions
 
 
 class Feed(NamedTuple):
@@ -41,7 +41,7 @@ class Pass(NamedTuple):
     state: Canvases
     framed: Array
     open_: Array
-    bounds: Bounds
+    options: DecodeOptions
 
 
 class Repetition:
@@ -51,7 +51,7 @@ class Repetition:
     feeds = (BLOCKED,)
 
     def values(self, p: Pass) -> Dict[str, Array]:
-        o = p.bounds.options
+        o = p.options
         if not (o.config.block_neighbour_copies or o.config.no_repeat_ngram_size):
             return {}
         repeats = repeated_tokens(p.xp, p.framed, o.config.no_repeat_ngram_size, o.config.block_neighbour_copies,
@@ -65,7 +65,7 @@ class NoUnk:
     feeds = (BLOCKED,)
 
     def values(self, p: Pass) -> Dict[str, Array]:
-        o = p.bounds.options
+        o = p.options
         if not o.config.no_unk:
             return {}
         return {"blocked": p.xp.where(p.open_, o.unk, o.pad)[p.open_][:, None]}  # (N, 1)
@@ -79,7 +79,7 @@ class EosPenalty:
     def values(self, p: Pass) -> Dict[str, Array]:
         beta = p.state.eos_penalty
         if beta is None:
-            return {"eos_penalty": p.bounds.options.config.betas[0]}
+            return {"eos_penalty": p.options.config.betas[0]}
         return {"eos_penalty": p.xp.where(p.open_, beta[:, None], 0.0)[p.open_]}  # (N,)
 
 
@@ -93,9 +93,9 @@ class WordEdges:
     def values(self, p: Pass) -> Dict[str, Array]:
         if p.state.given is None:
             return {}
-        o, xp = p.bounds.options, p.xp
+        o, xp = p.options, p.xp
         no_next, no_prev, no_end = word_edge_bans(xp, p.framed, p.state.given, o.joins_next, o.eos, p.open_,
-                                                  p.bounds.sequence)  # (N,) each
+                                                  p.options.sequence)  # (N,) each
         return {"word_edges": xp.long(no_next) + 2 * xp.long(no_prev), "no_end": no_end}
 
 
@@ -111,10 +111,10 @@ in it; ``eos_penalty`` (N,) each slot's beta or one float for all; ``word_edges`
 every token) and ``slot_rows`` (N,) the canvas of each open slot, with a shortlist."""
 
 
-def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: Bounds) -> SlotInputs:
+def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, options: DecodeOptions) -> SlotInputs:
     """One pass's :class:`SlotInputs` for the open slots ``open_`` (A, S) of the canvases ``framed`` (A, S + 1):
     every rule's values, the tokens barred by several side by side; with a shortlist, those as positions in it."""
-    p, values = Pass(xp, state, framed, open_, bounds), {}
+    p, values = Pass(xp, state, framed, open_, options), {}
     for rule in RULES:
         for name, value in rule.values(p).items():
             values[name] = xp.concat([values[name], value], 1) if name in values else value
@@ -122,7 +122,7 @@ def slot_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: B
         return SlotInputs(**{f.name: values.get(f.name) for f in FEEDS})
     slot_rows = xp.where(open_, xp.arange(open_.shape[0], like=state.lengths)[:, None], 0)[open_]  # (N,)
     if "blocked" in values:  # pad: barred anyway
-        values["blocked"] = shortlist_positions(xp, state.shortlist, slot_rows, values["blocked"], bounds.pad)
+        values["blocked"] = shortlist_positions(xp, state.shortlist, slot_rows, values["blocked"], options.pad)
     return SlotInputs(**{f.name: values.get(f.name) for f in FEEDS}, shortlist=state.shortlist, slot_rows=slot_rows)
 
 
@@ -166,11 +166,11 @@ def shortlist_positions(xp: Ops, shortlist: Array, slot_rows: Array, tokens: Arr
     return xp.where(flat[at] == want, at - slot_rows[:, None] * Lw, absent)
 
 
-def first_insertion_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, bounds: Bounds) -> SlotInputs:
+def first_insertion_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, options: DecodeOptions) -> SlotInputs:
     """The :class:`SlotInputs` of the empty canvases' one slot when choosing first insertions
     (:func:`~fairseq_insertion.loop.driver.first_tokens`): every rule's (:func:`slot_inputs`), and unk and end-of-slot
     barred besides (with a shortlist, unk's position in each list is its id: the specials lead every list)."""
-    inputs = slot_inputs(xp, state, framed, open_, bounds)
-    unk = xp.full((framed.shape[0], 1), bounds.options.unk, like=state.lengths)  # (B, 1)
+    inputs = slot_inputs(xp, state, framed, open_, options)
+    unk = xp.full((framed.shape[0], 1), options.unk, like=state.lengths)  # (B, 1)
     blocked = unk if inputs.blocked is None else xp.concat([inputs.blocked, unk], 1)
     return inputs._replace(blocked=blocked, no_end=unk[:, 0] == unk[:, 0])

@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from ..config import DecodingConfig
+from ..config import DecodingConfig, DecodingError, _name
 from .geometry import gather_canvas
 from .ops import Array, Ops
 
@@ -32,15 +32,42 @@ class Start(NamedTuple):
         """The rows ``idx`` (N,), e.g. each sentence's once per candidate."""
         return type(self)(*(t[idx] for t in self))
 
+    def emptied(self, xp: Ops, rows: Array, pad: int) -> "Start":
+        """The same start with the canvases of ``rows`` (B,) emptied (their constraints dropped)."""
+        r = rows[:, None]
+        return self._replace(tokens=xp.where(r, pad, self.tokens), lengths=xp.where(rows, 0, self.lengths),
+                             closed_before=self.closed_before & ~r, closed_end=self.closed_end & ~rows)
 
-def length_limits(xp: Ops, max_len: Array, empty: Array, given: Array, limit: int) -> Tuple[Array, Array]:
-    """Each sentence's length limit once it holds ``given`` (B,) constraint tokens, and the sentences whose
-    constraints do not fit it (B,) (their output is empty). max_len: (B,) the limit from the source
-    length; empty: (B,) sources without a word, decoded from their constraints (their limit at least the
-    constraints' length, at most ``limit``) or to an empty output."""
-    unsourced = xp.where(given > 0, xp.where(given > max_len, given, max_len).clip(max=limit), 0)
+
+class Prepared(NamedTuple):
+    """A batch as :func:`prepare` makes it ready for :func:`~fairseq_insertion.loop.decode`, with its lines'
+    problems as data for the front end to report."""
+
+    start: Start  # each line's start; a line whose constraints do not fit starts (and stays) empty
+    max_len: Array  # (B,) each line's length limit; 0 where its constraints do not fit
+    limit: Array  # (B,) the length limit its constraints were held against
+    empty: Array  # (B,) its source has no word: decoded from its constraints, or to an empty output
+    held: Array  # (B,) the tokens its constraints hold
+    unfit: Array  # (B,) its constraints hold more tokens than its limit: not translated, its output empty
+
+
+def prepare(xp: Ops, src_lengths: Array, start: Start, config: DecodingConfig, limit: int, pad: int,
+            constrained: bool) -> Prepared:
+    """Each line's start and length limit, from its source length ``src_lengths`` (B,) (the end-of-sentence marker
+    counted, as fairseq counts it): ``max_len_a * length + max_len_b`` in float32, as fairseq's, at most ``limit``
+    (the model's target positions less the frame's two). A source without a word is decoded from its constraints
+    (its limit at least their length, at most ``limit``) or to an empty output. ``constrained``: the lines came with
+    constraints, which first insertions (branches from the empty canvas) refuse."""
+    if constrained and config.first_insertions > 1:
+        raise DecodingError(f"{_name('first_insertions')} {config.first_insertions} branches from the empty canvas: "
+                            "it applies to unconstrained decoding, not with constraints")
+    scaled = xp.cast(src_lengths, like=xp.asarray(np.zeros(0, np.float32), like=src_lengths))
+    max_len = xp.long(scaled * config.max_len_a + config.max_len_b).clip(min=0, max=limit)  # (B,)
+    empty, held = src_lengths <= 1, start.lengths  # (B,) each
+    unsourced = xp.where(held > 0, xp.where(held > max_len, held, max_len).clip(max=limit), 0)
     max_len = xp.where(empty, unsourced, max_len)
-    return max_len, given > max_len
+    unfit = held > max_len
+    return Prepared(start.emptied(xp, unfit, pad), xp.where(unfit, 0, max_len), max_len, empty, held, unfit)
 
 
 def pack(constraints: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
@@ -139,10 +166,3 @@ def candidate_rows(xp: Ops, batch: int, branches: int, betas: int, like: Array) 
     rows = xp.arange(batch * branches * betas, like=like)  # (B K n,)
     return rows // (branches * betas), rows // betas
 
-
-def length_limit(xp: Ops, src_lengths: Array, config: DecodingConfig, limit: int) -> Array:
-    """(B,) each sentence's length limit from its source length ``src_lengths`` (B,) (its end-of-sentence
-    marker included, as fairseq counts it): ``max_len_a * length + max_len_b`` in float32, as fairseq's, at
-    most ``limit`` (the model's target positions less the frame's two)."""
-    scaled = xp.cast(src_lengths, like=xp.asarray(np.zeros(0, np.float32), like=src_lengths))
-    return xp.long(scaled * config.max_len_a + config.max_len_b).clip(min=0, max=limit)

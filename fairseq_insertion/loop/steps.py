@@ -1,5 +1,5 @@
 """The step rules that choose a pass's insertions (small objects built from the options by :func:`step_rule`), the
-room cap, the decode's options (:class:`DecodeOptions`) and how it steps and stops (:class:`Bounds`)."""
+room cap and the decode's options (:class:`DecodeOptions`)."""
 
 from __future__ import annotations
 
@@ -90,33 +90,17 @@ class DecodeOptions(NamedTuple):
     joins_next: Optional[Array] = None  # (V,) the pieces that join the next token, where the dictionary marks word
     # edges (constraints then stay whole words); None where it does not
 
-
-class Bounds(NamedTuple):
-    """How a decode steps and stops."""
-
-    rule: StepRule
-    max_iterations: int  # 0: each row's length limit
-    close_ended: bool  # a slot that chose end-of-slot stays closed (slot finalization)
-    sequence: bool  # greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas
-    max_per_pass: int  # the most insertions a pass into one canvas (0: as many as its room)
-    options: DecodeOptions
-    look_ahead: bool = False  # a parallel decode: a model's look-ahead closure may end a sentence a pass early
+    @property
+    def close_ended(self) -> bool:
+        """A slot that chose end-of-slot stays closed (``close_ended_slots``; slot finalization only)."""
+        return self.config.close_ended_slots and self.termination == "slot"
 
     @property
-    def eos(self) -> int:
-        return self.options.eos
+    def sequence(self) -> bool:
+        """Greedy sequence finalization: end-of-sequence is the best (slot, eos) of a canvas."""
+        return self.config.decoding == "greedy" and self.termination == "sequence"
 
     @property
-    def pad(self) -> int:
-        return self.options.pad
-
-    @classmethod
-    def build(cls, xp: Ops, options: DecodeOptions) -> "Bounds":
-        """From the decoding options: the step rule (``decoding``, with the model's ``termination``), the iteration
-        bound, ``close_ended_slots`` (which only slot-finalization models use), whether the end-of-sequence decision is
-        a canvas's best (slot, eos) (greedy decoding of a sequence-finalization model) and ``max_per_pass``."""
-        config, termination = options.config, options.termination
-        return cls(rule=step_rule(xp, config.decoding, termination, options.eos), max_iterations=config.max_iterations,
-                   close_ended=config.close_ended_slots and termination == "slot",
-                   sequence=config.decoding == "greedy" and termination == "sequence",
-                   max_per_pass=config.max_per_pass, options=options, look_ahead=config.decoding == "parallel")
+    def look_ahead(self) -> bool:
+        """A parallel decode: a model's look-ahead closure may end a sentence a pass early."""
+        return self.config.decoding == "parallel"

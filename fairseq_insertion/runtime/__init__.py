@@ -70,17 +70,6 @@ class Candidate(NamedTuple):
     passes: Optional[Sequence[np.ndarray]] = None  # its canvas after each step that inserted a token (return_passes)
 
 
-class Limits(NamedTuple):
-    """Each input's (B,) length limit (min(max_len_a x source length + max_len_b, max target positions - 2)), whether
-    its source is over the model's positions, whether its constraints are over its length limit, and how many tokens
-    its constraints hold; an input too long or unfit is translated as empty."""
-
-    max_len: np.ndarray
-    too_long: np.ndarray
-    unfit: np.ndarray
-    held: np.ndarray
-
-
 class Translator:
     """An exported insertion model (``python -m fairseq_insertion.export``) on ONNX Runtime.
 
@@ -179,9 +168,6 @@ class Translator:
         if k > opts.candidates:
             raise TranslatorError(f"num_hypotheses: {k}, but the decode makes {opts.candidates} candidate(s) a "
                                   "sentence (first_insertions x eos_penalties values)")
-        if constraints is not None and opts.first_insertions > 1:
-            raise TranslatorError(f"first_insertions: {opts.first_insertions} branches from the empty canvas: it "
-                                  "applies to unconstrained decoding, not with constraints=")
         given = None if constraints is None else self.encode_constraints(constraints, len(source))
         ids = [self.encode(tokens) for tokens in source]
         return [self._result(candidates[:k]) for candidates in self.translate_ids(ids, max_batch_size, opts, given,
@@ -265,16 +251,20 @@ class Translator:
             out.append(row)
         return out
 
-    def limits(self, ids: Sequence[np.ndarray], opts: DecodingConfig,
-               constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> Limits:
-        """Each source id array's length limit and whether it can be translated (:class:`Limits`)."""
+    def prepare(self, ids: Sequence[np.ndarray], opts: DecodingConfig,
+                constraints: Optional[Sequence[Sequence[np.ndarray]]] = None) -> L.Prepared:
+        """Every source id array's start and length limit, and its problems (:func:`fairseq_insertion.loop.prepare`);
+        ``constraints``: each input's constraints as target ids (pad: a template gap)."""
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)  # (B,)
-        limit = self.max_target_positions - 2
-        max_len = L.length_limit(L.NUMPY, lengths, opts, limit)  # (B,) as fairseq's
-        held = np.asarray([sum(int((c != self.pad).sum()) for c in cs) for cs in constraints], dtype=np.int64) \
-            if constraints is not None else np.zeros(len(ids), np.int64)  # (B,) constraint tokens
-        max_len, unfit = L.length_limits(L.NUMPY, max_len, lengths <= 1, held, limit)
-        return Limits(max_len, lengths > self.max_source_positions, unfit, held)
+        start = L.Start.blank(L.NUMPY, len(ids), lengths, self.pad)
+        if constraints is not None and any(len(cs) for cs in constraints):
+            start = L.constraint_canvas(L.NUMPY, L.pack(constraints), gap=self.pad, pad=self.pad)
+        return L.prepare(L.NUMPY, lengths, start, opts, self.max_target_positions - 2, self.pad,
+                         constraints is not None)
+
+    def too_long(self, ids: Sequence[np.ndarray]) -> np.ndarray:
+        """(B,) whether each source id array is over the model's source positions (translated as empty)."""
+        return np.asarray([len(x) > self.max_source_positions for x in ids], dtype=bool)
 
     def translate_ids(self, ids: Sequence[np.ndarray], max_batch_size: int, opts: DecodingConfig,
                       constraints: Optional[Sequence[Sequence[np.ndarray]]] = None, passes: bool = False
@@ -282,18 +272,15 @@ class Translator:
         """Every source id array's candidates (``opts.candidates``: per first insertion, one per EOS penalty),
         best first, in input order; ``constraints``: each input's constraints as target ids (pad: a template
         gap); ``passes``: with each candidate's canvas after every pass."""
-        max_len, too_long, unfit, held = self.limits(ids, opts, constraints)
+        p, too_long = self.prepare(ids, opts, constraints), self.too_long(ids)
         lengths = np.asarray([len(x) for x in ids], dtype=np.int64)
         for i in np.flatnonzero(too_long).tolist():
             logger.warning("input %d: %d source tokens, over the model's %d; its translation is empty",
                            i, lengths[i], self.max_source_positions)
-        for i in np.flatnonzero(unfit & ~too_long).tolist():
+        for i in np.flatnonzero(p.unfit & ~too_long).tolist():
             logger.warning("input %d: its constraints hold %d tokens, over the length limit %d (min(max_len_a * "
                            "source length + max_len_b, max target positions - 2)); its translation is empty",
-                           i, held[i], max_len[i])
-        if unfit.any():  # as the PyTorch generator: decoded from an empty canvas with no room (an empty output)
-            max_len = np.where(unfit, 0, max_len)
-            constraints = [[] if unfit[i] else cs for i, cs in enumerate(constraints)]
+                           i, p.held[i], p.limit[i])
         order = np.argsort(-lengths, kind="stable")
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         empty = Candidate(np.zeros(0, np.int64), 0.0, 0, [] if passes else None)  # too long a source
@@ -302,29 +289,24 @@ class Translator:
             for b in range(0, len(ids), size):
                 batch = [int(i) for i in order[b:b + size] if not too_long[i]]
                 if batch:
-                    given = None if constraints is None else [constraints[i] for i in batch]
-                    decoded = self._decode_batch([ids[i] for i in batch], opts, max_len[batch], given, passes)
+                    start = p.start.take(np.asarray(batch))
+                    width = int(start.lengths.max())  # the batch's canvases as wide as its longest
+                    start = L.Start(*(t[:, :width] if t.ndim == 2 else t for t in start))
+                    decoded = self._decode_batch([ids[i] for i in batch], opts, start, p.max_len[batch], passes)
                     for i, r in zip(batch, decoded):
                         results[i] = r
         return results
 
     # ------------------------------------------------------------------ the loop
-    def _start(self, constraints: Optional[List[List[np.ndarray]]], B: int) -> L.Start:
-        """The initial canvases: empty, or holding each sentence's constraints."""
-        if constraints is not None and any(len(cs) for cs in constraints):
-            return L.constraint_canvas(L.NUMPY, L.pack(constraints), gap=self.pad, pad=self.pad)
-        return L.Start.blank(L.NUMPY, B, np.zeros(0, np.int64), self.pad)
-
-    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig, max_len: np.ndarray,
-                      constraints: Optional[List[List[np.ndarray]]] = None, passes: bool = False
-                      ) -> List[List[Candidate]]:
-        """Decode one batch of source ids, each within its length limit ``max_len`` (B,): each sentence's
-        candidates, best first; ``passes``: with their canvases after every pass."""
+    def _decode_batch(self, ids: List[np.ndarray], opts: DecodingConfig, start: L.Start, max_len: np.ndarray,
+                      passes: bool = False) -> List[List[Candidate]]:
+        """Decode one batch of source ids from ``start``, each within its length limit ``max_len`` (B,): each
+        sentence's candidates, best first; ``passes``: with their canvases after every pass."""
         B, n = len(ids), opts.candidates
         src_len = np.asarray([len(x) for x in ids], dtype=np.int64)
         src = np.full((B, int(src_len.max())), self.src_pad, dtype=np.int64)
         src[np.arange(src.shape[1])[None, :] < src_len[:, None]] = np.concatenate(ids)  # right-padded
-        start, feeds, shortlist = self._start(constraints, B), {"src_tokens": src}, None
+        feeds, shortlist = {"src_tokens": src}, None
         if self._shortlist is not None:
             shortlist = feeds["shortlist"] = shortlist_rows(self._shortlist, src, (self.bos, self.pad, self.eos,
                                                                                   self.unk), start.tokens)  # (B, L)

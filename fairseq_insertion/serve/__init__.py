@@ -193,22 +193,18 @@ def check_request(body: Any, translator: Any, max_lines: int) -> Job:
     opts = translator.options()
     if k > opts.candidates:
         raise RequestError(f"num_hypotheses: {k}, but the export makes {opts.candidates} candidate(s) a sentence")
-    if constraints is not None and opts.first_insertions > 1:
-        raise RequestError(f"constraints: the export decodes from {opts.first_insertions} first insertions, which "
-                           "start from the empty canvas")
     try:
         ids = [translator.encode(line) for line in source]
         given = None if constraints is None else translator.encode_constraints(constraints, len(source))
-        limits = translator.limits(ids, opts, given)
+        p, too_long = translator.prepare(ids, opts, given), translator.too_long(ids)
     except (InsertionError, ValueError, TypeError) as e:
         raise RequestError(str(e).splitlines()[0]) from None
     for i in range(len(source)):
-        if limits.too_long[i]:
+        if too_long[i]:
             raise RequestError(f"{name}[{i}]: {len(ids[i])} source pieces, over the model's "
                                f"{translator.max_source_positions}")
-        if limits.unfit[i]:
-            raise RequestError(f"constraints[{i}]: {limits.held[i]} pieces, over the line's length limit "
-                               f"{limits.max_len[i]}")
+        if p.unfit[i]:
+            raise RequestError(f"constraints[{i}]: {p.held[i]} pieces, over the line's length limit {p.limit[i]}")
     symbols = translator.target_symbols
     starts = [[symbols[t] for c in cs for t in c.tolist() if t != translator.pad] for cs in given] if given else []
     return Job(source, constraints, k, passes, name == "text", starts)
