@@ -1,10 +1,6 @@
 """``python -m fairseq_insertion [--help | --markdown]``: every command-line option the plugin adds to fairseq,
-grouped by the commands it applies to (``--markdown``: as the page ``docs/flags.md``).
-
-Nothing here names an option: the listing is read at runtime from what the package registers with
-fairseq (its tasks, models and architectures, criterions and any other registered component), each
-component's options being those its ``add_args`` (its dataclass, for tasks and criterions) adds beyond
-the fairseq class it extends and beyond fairseq's own command-line options."""
+grouped by the commands it applies to (``--markdown``: as the page ``docs/flags.md``), read at runtime from the
+components the package registers: what each one's ``add_args`` adds beyond its fairseq base and fairseq's own."""
 
 import argparse
 import sys
@@ -31,8 +27,8 @@ class Component(NamedTuple):
 
 
 class _Recorder:
-    """Stands in for an argparse parser: records the option strings ``add_argument`` gets and passes
-    the calls whose first option is in ``keep`` on to ``target``, their keywords changed by ``adjust``."""
+    """A stand-in parser: records ``add_argument``'s option strings, passing the calls whose first option is in
+    ``keep`` on to ``target``, their keywords changed by ``adjust``."""
 
     def __init__(self, target: Any = None, keep: Optional[Set[str]] = None,
                  adjust: Callable[[str, Dict[str, Any]], Dict[str, Any]] = lambda flag, kwargs: kwargs):
@@ -63,8 +59,7 @@ def options_of(add_args: Callable[[Any], None]) -> List[str]:
 
 
 def components(package: str = __package__ or "fairseq_insertion") -> List[Component]:
-    """Every class the package registers with fairseq (importing the package registers them), in the
-    order fairseq adds their options: model, task, then its other registries."""
+    """Every class the package registers with fairseq, in the order fairseq adds their options."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
     from fairseq.registry import REGISTRIES
     from fairseq.tasks import TASK_REGISTRY
@@ -87,8 +82,7 @@ def fairseq_base(cls: type, package: str = __package__ or "fairseq_insertion") -
 
 
 def fairseq_options() -> Set[str]:
-    """The options fairseq's train, generate and interactive parsers have before any task, model or
-    criterion adds its own."""
+    """The options of fairseq's train, generate and interactive parsers before any component adds its own."""
     from fairseq import options
 
     parsers = (options.get_training_parser(), options.get_generation_parser(),
@@ -97,8 +91,7 @@ def fairseq_options() -> Set[str]:
 
 
 def architecture_defaults(architectures: Sequence[str]) -> Callable[[str, Dict[str, Any]], Dict[str, Any]]:
-    """An ``adjust`` for model options, which have no argparse default: the default each architecture
-    sets, one value when they agree."""
+    """An ``adjust`` for model options (no argparse default): each architecture's default, one when they agree."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     configured = []

@@ -22,9 +22,8 @@ ORDERS = ("left_to_right", "binary_tree", "uniform")
 
 
 def log2_bound(n: int | Tensor) -> int | Tensor:
-    """floor(log2 n) + 1 for n > 0, else 0: the iterations of a balanced binary-tree decode of
-    n tokens (the levels of :func:`tree_levels`). ``n``: an int, or a tensor of any shape, counted
-    exactly (the powers of two <= n), the result of the same shape."""
+    """floor(log2 n) + 1 for n > 0, else 0: the iterations of a balanced binary-tree decode of n tokens (the levels
+    of :func:`tree_levels`). ``n``: an int, or a tensor counted exactly (the powers of two <= n), of any shape."""
     if isinstance(n, Tensor):
         powers = 2 ** torch.arange(62, device=n.device)  # (P,)
         return (n.long().unsqueeze(-1) >= powers).sum(-1)  # n's shape
@@ -34,14 +33,9 @@ def log2_bound(n: int | Tensor) -> int | Tensor:
 # -------------------------------- Canvas sampling (paper: "Training and Loss Functions")
 def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
                   generator: Optional[torch.Generator] = None) -> Tensor:
-    """Choose which target positions are already on the canvas.
-
-    ``k ~ Uniform{0..n}`` per sentence. ``left_to_right`` keeps the prefix of
-    length ``k``; ``binary_tree``/``uniform`` keep a uniformly random
-    ``k``-subset (shuffle the indices, keep the first ``k``), in target order.
-
-    target_lengths: (B,) real target lengths n. Returns keep: (B, N) bool, False on padding.
-    """
+    """Which target positions are already on the canvas: ``k ~ Uniform{0..n}`` per sentence; ``left_to_right`` keeps
+    the prefix of length ``k``, ``binary_tree``/``uniform`` a uniformly random ``k``-subset, in target order.
+    target_lengths: (B,) real target lengths n. Returns keep: (B, N) bool, False on padding."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
     device = target_lengths.device
@@ -60,13 +54,9 @@ def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
 
 
 def tree_levels(target_lengths: Tensor, max_len: int) -> Tensor:
-    """The level of every target position in the balanced binary tree that parallel decoding walks: level 0 is the
-    centre of the whole target, level d + 1 the centres of the spans left after levels 0..d (the left centre of an even
-    span, as the binary-tree weights' argmax and the decoder's ties have it).
-
-    target_lengths: (B,). Returns (B, N) long; padding positions get ``N``. A canvas of the tokens of levels < d is the
-    state after d parallel iterations of a perfect binary-tree decode (floor(log2 n) + 1 levels in all).
-    """
+    """(B, N) long, the level of every target position in the balanced binary tree that parallel decoding walks
+    (padding: ``N``): level 0 the centre of the whole target, level d + 1 the centres of the spans left after levels
+    0..d (the left centre of an even span, as the binary-tree weights' argmax and the decoder's ties have it)."""
     B, N = target_lengths.size(0), max_len
     pos = torch.arange(N, device=target_lengths.device).unsqueeze(0).expand(B, N)
     valid = pos < target_lengths.unsqueeze(1)
@@ -101,11 +91,8 @@ def sample_tree_levels(target_lengths: Tensor, max_len: int, tau: float = 1.0,
 
 
 def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional[torch.Generator] = None) -> Tensor:
-    """A canvas that parallel decoding visits: the balanced-binary-tree state after
-    ``d ~ Uniform{0..L}`` iterations, L = floor(log2 n) + 1 (d = L: the whole target).
-
-    Returns keep: (B, N) bool, as :func:`sample_canvas`.
-    """
+    """A canvas that parallel decoding visits: the balanced-binary-tree state after ``d ~ Uniform{0..L}`` iterations,
+    L = floor(log2 n) + 1 (d = L: the whole target). Returns keep: (B, N) bool, as :func:`sample_canvas`."""
     levels = tree_levels(target_lengths, max_len)  # (B, N)
     depth = log2_bound(target_lengths)  # (B,)
     u = torch.rand(target_lengths.size(0), device=target_lengths.device, generator=generator)
@@ -115,13 +102,9 @@ def sample_tree_canvas(target_lengths: Tensor, max_len: int, generator: Optional
 
 # -------------------------------- Slot spans and weights
 def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """For every target position: its slot and the bounds of that slot's span.
-
-    keep: (B, N) bool. Returns (slot, span_start, span_end), each (B, N) long:
-    slot = number of kept tokens before the position; span_start / span_end
-    are the first / last missing target positions of that slot (inclusive).
-    Values are meaningful only at missing positions (``~keep`` and < n).
-    """
+    """For every target position: its slot (the number of kept tokens before it) and the first / last missing target
+    positions of that slot (inclusive). keep: (B, N) bool. Returns (slot, span_start, span_end), each (B, N) long,
+    meaningful only at missing positions (``~keep`` and < n)."""
     B, N = keep.shape
     keep_l = keep.long()
     slot = keep_l.cumsum(1) - keep_l  # (B, N) exclusive count of kept tokens
@@ -133,11 +116,8 @@ def slot_spans(keep: Tensor, target_lengths: Tensor) -> Tuple[Tensor, Tensor, Te
 
 
 def slot_weights(span_start: Tensor, span_end: Tensor, order: str, tau: float = 1.0) -> Tensor:
-    """Per missing token weight w_l(i) within its slot's span.
-
-    binary_tree: softmax over the span of -d_l(i)/tau, with d_l(i) = |(i_l + j_l)/2 - i|; uniform: 1 / span length.
-    Values at non-missing positions are meaningless. Returns (B, N) float, summing to 1 per span.
-    """
+    """Per missing token weight w_l(i) in its slot's span, (B, N) float summing to 1 per span (meaningless elsewhere):
+    binary_tree, softmax over the span of -d_l(i)/tau, d_l(i) = |(i_l + j_l)/2 - i|; uniform, 1 / span length."""
     B, N = span_start.shape
     pos = torch.arange(N, device=span_start.device).unsqueeze(0).float()
     span_len = (span_end - span_start + 1).clamp(min=1).float()  # (B, N)
@@ -151,31 +131,20 @@ def slot_weights(span_start: Tensor, span_end: Tensor, order: str, tau: float = 
     # shift by the span's smallest distance (0 for odd, 0.5 for even spans) for stability
     d_min = (span_len.remainder(2) == 0).float() * 0.5
     unnorm = torch.exp(-(d - d_min) / tau)  # (B, N), max 1 within each span
-    # partition function of the span in closed form would be fiddly; sum exactly instead
-    return unnorm / _span_sum(unnorm, span_start, span_end)
-
-
-def _span_sum(x: Tensor, span_start: Tensor, span_end: Tensor) -> Tensor:
-    """Sum of ``x`` over each position's span, via prefix sums. (B, N)."""
-    csum = torch.nn.functional.pad(x.cumsum(1), (1, 0))  # (B, N+1)
-    N = x.size(1)
-    hi = (span_end + 1).clamp(0, N)
-    lo = span_start.clamp(0, N)
-    return csum.gather(1, hi) - csum.gather(1, lo)
+    # partition function of the span in closed form would be fiddly; sum exactly instead, via prefix sums
+    csum = torch.nn.functional.pad(unnorm.cumsum(1), (1, 0))  # (B, N+1)
+    hi, lo = (span_end + 1).clamp(0, N), span_start.clamp(0, N)
+    return unnorm / (csum.gather(1, hi) - csum.gather(1, lo))
 
 
 # -------------------------------- The loss (paper: slot-loss, averaged over slots; termination variants)
 def insertion_loss(content_lprobs: Tensor, location_lprobs: Tensor, target: Tensor, target_lengths: Tensor,
                    keep: Tensor, order: str, termination: str, eos: int, tau: float = 1.0,
                    label_smoothing: float = 0.0) -> Tuple[Tensor, Tensor]:
-    """Per-sentence insertion loss.
-
-    content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l); so log p(c, l) = content + location. S >=
-    k + 1 for every sentence. target: (B, N) without eos; keep: (B, N) canvas membership from :func:`sample_canvas`.
-
+    """Per-sentence insertion loss. content_lprobs: (B, S, V) log p(c | l); location_lprobs: (B, S) log p(l), S >=
+    k + 1 for every sentence; target: (B, N) without eos; keep: (B, N) canvas membership (:func:`sample_canvas`).
     Returns (loss, nll), each (B,): ``nll`` is the paper's loss; ``loss`` mixes in label smoothing: each slot's target
-    distribution over content becomes (1 - eps) * (its weights) + eps * uniform.
-    """
+    distribution over content becomes (1 - eps) * (its weights) + eps * uniform."""
     if termination not in TERMINATIONS:
         raise ValueError(f"unknown termination {termination!r}; choose one of {TERMINATIONS}")
     B, S, V = content_lprobs.shape

@@ -1,11 +1,6 @@
 """Checkpoints and dictionaries: loading a fairseq Transformer checkpoint, warm start (``--init-from-transformer``), and
-the one check that a checkpoint or a data directory fits a model's dictionaries.
-
-:func:`check_dictionaries` is used wherever weights or data meet dictionaries: an
-insertion checkpoint loaded with a data directory (the model's ``load_state_dict``), the
-warm-start teacher, the reranker (``--rerank-with``) and the benchmark's ``--teacher`` and
-``--distilled`` inputs. Its errors name the checkpoint or directory and the dictionary
-files involved.
+:func:`check_dictionaries`, the one check that a checkpoint or a data directory fits a model's dictionaries
+(docs/design.md).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ WARM_START_SLOTS = ("left", "random")
 
 # -------------------------------- Dictionaries
 class DictionaryFiles(NamedTuple):
-    """The source and target dictionary files of a data directory (fairseq-preprocess's
-    ``dict.<lang>.txt``)."""
+    """The source and target dictionary files of a data directory (fairseq-preprocess's ``dict.<lang>.txt``)."""
 
     source: str
     target: str
@@ -59,17 +53,10 @@ ADVICE = "a model must be used with the dictionaries it was trained with (the sa
 
 def check_dictionaries(dictionaries: DictionaryFiles, name: str, weights: Optional[Mapping[str, Tensor]] = None,
                        trained_with: Optional[DictionaryFiles] = None) -> None:
-    """Refuse ``name`` (a checkpoint or data directory, as the user gave it, e.g. ``--rerank-with
-    PATH``) unless it fits the dictionary files ``dictionaries``:
-
-    * ``weights``, its model state dict: the encoder and decoder embedding tables (and the
-      output projection, when stored) have one row per entry of the source / target dictionary;
-    * ``trained_with``, the dictionary files it was trained with (or holds): the same entries,
-      in the same order (counts may differ).
-
-    Raises ``ValueError`` naming ``name``, the dictionary files and the first difference
-    (``FileNotFoundError`` for a missing dictionary file).
-    """
+    """Refuse ``name`` (a checkpoint or data directory, as the user gave it) unless it fits ``dictionaries``:
+    ``weights``, its state dict, has one embedding (and output projection) row per dictionary entry;
+    ``trained_with``, the dictionary files it was trained with, has the same entries in the same order.
+    ``ValueError`` names ``name``, the files and the first difference (``FileNotFoundError``: a missing file)."""
     ours = {side: _load_dictionary(path) for side, path in dictionaries._asdict().items()}
     for side, key in EMBEDDINGS if weights is not None else ():
         table = weights.get(key)
@@ -101,9 +88,8 @@ def _load_dictionary(path: str) -> Dictionary:
 
 # -------------------------------- Any checkpoint file
 def check_checkpoint_file(path: str, option: str) -> None:
-    """Refuse ``path`` (given by ``option``) unless it is a file in one of torch's save formats (a zip
-    archive, or the legacy pickle), with an error naming it and what to do; the content is checked
-    by torch's safe loader when fairseq loads it."""
+    """Refuse ``path`` (given by ``option``) unless it is a file in one of torch's save formats (zip or the legacy
+    pickle), naming it and what to do; torch's safe loader checks the content when fairseq loads it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{option} {path}: no such file")
     with open(path, "rb") as f:
@@ -146,11 +132,8 @@ def transformer_checkpoint(path: str, option: str) -> Dict[str, Any]:
 
 # -------------------------------- Warm start from an autoregressive fairseq Transformer (--init-from-transformer)
 def _restore_checkpoint(args: Any) -> Optional[str]:
-    """The checkpoint fairseq-train will restore after building the model, if one exists.
-
-    Mirrors ``fairseq.checkpoint_utils.load_checkpoint``: ``--restore-file`` (default
-    ``<save-dir>/checkpoint_last<suffix>.pt``).
-    """
+    """The checkpoint fairseq-train will restore after building the model, if one exists, as
+    ``fairseq.checkpoint_utils.load_checkpoint`` finds it (``--restore-file``, ``--save-dir``)."""
     restore, save_dir = getattr(args, "restore_file", None), getattr(args, "save_dir", None)
     if restore is None or save_dir is None:
         return None
@@ -184,13 +167,8 @@ def decoder_embeddings_shared(args: Any) -> bool:
 
 
 def warm_start(model: nn.Module, args: Any, dictionaries: Optional[DictionaryFiles]) -> None:
-    """Apply ``--init-from-transformer`` to a freshly built insertion model at the start of training.
-
-    ``dictionaries``: the files of the model's dictionaries (the task's data directory), checked
-    against the teacher's embedding tables. Skipped when fairseq-train is about to restore a
-    checkpoint (resuming): the restored weights replace these anyway, and the teacher file is not
-    needed. Never called for a model loaded from a checkpoint (generate, interactive, hub).
-    """
+    """Apply ``--init-from-transformer`` to a freshly built insertion model at the start of training (skipped when
+    fairseq-train resumes); ``dictionaries``: the model's, checked against the teacher's embedding tables."""
     path = getattr(args, "init_from_transformer", None)
     if not path:
         return
@@ -207,20 +185,9 @@ def warm_start(model: nn.Module, args: Any, dictionaries: Optional[DictionaryFil
 
 def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
                           dictionaries: Optional[DictionaryFiles] = None) -> Dict[str, List[str]]:
-    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match into an insertion model.
-
-    Raises ``ValueError`` when the teacher's embedding tables do not fit ``dictionaries`` (the model's dictionary files;
-    :func:`check_dictionaries`), and listing every tensor whose shape differs (typically: other layer sizes). Tensors
-    new in the insertion model (``decoder.slot_proj``, ``decoder.head.*``, ...) keep their fresh initialisation (but see
-    ``slots``) and are named in one log line; teacher tensors the insertion model lacks are named in a warning. Where
-    the insertion model ties tensors the teacher keeps separate (shared embeddings), the first name's value is used and
-    a warning says so. Returns the names: copied, new, unused.
-
-    slots: ``left`` starts the slot projection as [I | 0] (bias 0), so a slot's state is its left neighbour's decoder
-    state, and the location query at 0 (uniform p(l)): a slot's content scores are then the teacher's output layer
-    applied to its left neighbour's state, i.e. the teacher's prediction of the token that follows it. ``random`` keeps
-    the fresh initialisation.
-    """
+    """Copy every tensor of a fairseq ``transformer`` checkpoint whose name and shape match into an insertion model
+    (docs/training.md, warm start); ``slots``: ``--warm-start-slots``. Refuses teacher embedding tables that do not
+    fit ``dictionaries`` and lists every tensor whose shape differs. Returns the names: copied, new, unused."""
     if slots not in WARM_START_SLOTS:
         raise ValueError(f"--warm-start-slots must be one of {WARM_START_SLOTS}, got {slots!r}")
     theirs = transformer_checkpoint(path, "--init-from-transformer")["model"]
@@ -270,8 +237,7 @@ def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
 
 
 def _start_slots_at_left_neighbour(model: nn.Module) -> None:
-    """Slot state h_l = x_l, the left neighbour's state: slot projection [I | 0], bias 0;
-    uniform p(l): location query 0 (factorized variant)."""
+    """Slot state h_l = x_l, the left neighbour's state: slot projection [I | 0], bias 0; uniform p(l): q = 0."""
     proj, head = model.decoder.slot_proj, model.decoder.head
     dim = proj.weight.size(0)  # weight: (C, 2C)
     with torch.no_grad():

@@ -1,16 +1,8 @@
-"""The slot-closure head: one logit a slot from its state h (the vocabulary projection's input), trained with the
-model frozen (``python -m examples.train_closure``) to say whether the model's own decision at the head's
-EOS penalty closes the slot. At decoding, an open slot whose logit is above the head's threshold, whose EOS
-penalty is the head's and that may end takes end-of-slot without the vocabulary projection
-(:func:`fairseq_insertion.slots.closing` on torch, :func:`~fairseq_insertion.slots.closing_graph` in the export);
-the others are scored as without the head. An optional part of a checkpoint (``decoder.closure.*``), tied to the
-model it was trained for by a fingerprint of its slot and output projections.
-
-The look-ahead closure (:class:`LookAhead`, ``decoder.lookahead.*``, trained by the same command) reads what a pass
-computed of each open slot (its state, the token w the slot rule gave it, w's and end-of-slot's log-probabilities)
-and says whether the next pass would close every slot that slot leaves: the two beside w where w is inserted, the
-slot itself where w is end-of-slot. A sentence whose slots it all closes ends without that pass
-(:func:`fairseq_insertion.slots.ending`, :func:`~fairseq_insertion.slots.ending_graph`). Torch only."""
+"""The slot-closure head (:class:`SlotClosure`, ``decoder.closure.*``) and the look-ahead closure (:class:`LookAhead`,
+``decoder.lookahead.*``), optional parts of a checkpoint trained with the model frozen (``python -m
+examples.train_closure``; docs/decoding.md), tied to their model by a fingerprint of its slot and output projections.
+Applied by :func:`fairseq_insertion.slots.closing` and :func:`~fairseq_insertion.slots.ending` (torch) and their
+``_graph`` twins (the export). Torch only."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Every insertion decoding option and its one default (:class:`DecodingConfig`), each value
-checked once, here, with an error naming the option.
-
-The command line (the ``insertion_translation`` task), the hub (keywords of
-``translate``/``sample``/``generate``), Python (:class:`~fairseq_insertion.generator.InsertionGenerator`)
-and the deployment runtime (:mod:`fairseq_insertion.runtime`) all build one :class:`DecodingConfig`,
-so they decode the same way by default. No rule that makes some outputs impossible is on by
-default: the repetition rules are asked for.
-
-This module imports the standard library only, so that the runtime can use it without torch.
-"""
+"""Every insertion decoding option and its one default (:class:`DecodingConfig`), each value checked once, here,
+with an error naming the option. The command line, the hub, Python and the deployment runtime all build one, so they
+decode the same way by default (docs/design.md). Standard library only: the runtime uses it without torch."""
 
 from __future__ import annotations
 
@@ -24,10 +16,7 @@ from .errors import InsertionError
 
 
 class Precision(NamedTuple):
-    """A precision a model decodes in, everything that depends on it read here: where it is offered (torch's
-    ``--decode-precision``, converted by :mod:`fairseq_insertion.precision`; an export's ``model.precision``),
-    the export's int8 rewrite (``export --int8 SCHEME``, :mod:`fairseq_insertion.export.quantize`) and the
-    onnxruntime graph optimizations its sessions leave out."""
+    """A precision a model decodes in, where it is offered and what depends on it."""
 
     name: str
     torch: bool = False  # a choice of --decode-precision
@@ -79,11 +68,8 @@ Check = Callable[[Any, str], Any]  # (the config, a field's name) -> its value n
 def _option(default: Any, flag: str, *scopes: str, help: str = "", choices: Tuple[str, ...] = (),
             check: Optional[Check] = None, arg: Optional[str] = None, read: Callable[[Any], Any] = lambda v: v
             ) -> Any:
-    """A field of :class:`DecodingConfig`, all that it needs in one place: its default, its command-line flag
-    (the hub and Python take the field name), where it applies (:data:`RUNTIME`, :data:`INSERTION`,
-    :data:`TASK`), for the task's flags their help and choices, its ``check`` (run by ``__post_init__``; with
-    ``choices`` and no check: one of them), the name fairseq's parsed options give it (``arg``; default: the
-    field's) and how :meth:`DecodingConfig.from_options` reads a value given there (``read``)."""
+    """A field of :class:`DecodingConfig` with its flag, scopes, help, ``check`` (``choices`` alone: one of them), its
+    name in fairseq's parsed options (``arg``) and how :meth:`~DecodingConfig.from_options` reads it (``read``)."""
     if check is None and choices:
         check = functools.partial(_choice, choices=choices)
     return dataclasses.field(default=default, metadata={"flag": flag, "scopes": scopes, "help": help,
@@ -104,11 +90,9 @@ def _as_float(value: Any) -> Any:
 
 def _number(cfg: Any, field: str, minimum: Optional[float] = None) -> float:
     value = getattr(cfg, field)
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if isinstance(value, bool) or not math.isfinite(x) or (minimum is not None and x < minimum):
+    x = _as_float(value)
+    if (isinstance(value, bool) or not isinstance(x, float) or not math.isfinite(x)
+            or (minimum is not None and x < minimum)):
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise DecodingError(f"{_name(field)} must be a finite number{bound}, got {value!r}")
     return x
@@ -156,23 +140,19 @@ class DecodingError(InsertionError):
     """A decoding option with a value that means nothing; the message names the option and the value."""
 
     def command_line(self) -> str:
-        """The message as a command line says it: the flags without their hub keywords
-        (``--max-len-b must be ...`` for ``--max-len-b (max_len_b=) must be ...``)."""
+        """The message with the flags alone (``--max-len-b must be ...``)."""
         return re.sub(r"(--[\w-]+) \(\w+=\)", r"\1", str(self))
 
     def keyed(self, prefix: str = "") -> str:
-        """The message as a settings file says it: each option by its field name after ``prefix``
-        (``decoding.max_len_b must be ...`` for ``--max-len-b (max_len_b=) must be ...``)."""
+        """The message with each option by its field name after ``prefix`` (``decoding.max_len_b must be ...``)."""
         return re.sub(r"--[\w-]+ \((\w+)=\)", lambda m: prefix + m.group(1), str(self))
 
 
 def parse_betas(value: Any) -> Tuple[float, ...]:
     """``--eos-penalties 0,1,2`` (or a sequence of numbers): the betas; ``None`` or empty: none."""
-    if value is None:
+    if value is None or (isinstance(value, str) and not value.strip()):
         return ()
-    items = str(value).split(",") if isinstance(value, str) else list(value)
-    if isinstance(value, str) and not value.strip():
-        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
     try:
         return tuple(float(b) for b in items)
     except (TypeError, ValueError):
@@ -182,13 +162,8 @@ def parse_betas(value: Any) -> Tuple[float, ...]:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    """Every insertion decoding option, with its one default; a field with ``help`` is the task's own flag and its help
-    says what it does. fairseq's own flags, read the same way: max_len_a, max_len_b (a canvas never grows beyond
-    ``max_len_a * source length + max_len_b`` tokens, nor the model's positions), no_repeat_ngram_size (n >= 2: no
-    insertion makes an n-gram of the canvas occur twice; 0: off), constraint_order (``ordered`` or ``unordered``: placed
-    in the order the unconstrained translation suggests), lenpen (score = log-probability / (n + 1) ** lenpen), unkpen
-    (subtracted from the unknown word's log-probability when choosing) and retain_history (``--retain-iter-history``).
-    """
+    """Every insertion decoding option, with its one default; a field with ``help`` is the task's own flag, the
+    others fairseq's (max_len_a/b, no_repeat_ngram_size, constraints, lenpen, unkpen, ...): docs/decoding.md."""
 
     decoding: str = _option(
         "parallel", "--decoding", RUNTIME, INSERTION, TASK, choices=DECODINGS,
@@ -297,10 +272,8 @@ class DecodingConfig:
 
     @classmethod
     def from_options(cls, task_cfg: Any, gen_args: Any = None) -> "DecodingConfig":
-        """The command line's (and the hub's) options: the ``insertion_translation`` task's
-        fields and fairseq's generation options (``--max-len-a/b``, ``--no-repeat-ngram-size``,
-        ``--lenpen``, ``--unkpen``, ``--constraints``, ``--retain-iter-history``). A generation option of the
-        same name as a task field (a hub keyword, e.g. ``translate(s, eos_penalty=2)``) wins."""
+        """The task's fields and fairseq's generation options; a generation option of the same name as a task field
+        (a hub keyword, e.g. ``translate(s, eos_penalty=2)``) wins."""
         def get(name: str, default: Any = None) -> Any:
             value = getattr(gen_args, name, None) if gen_args is not None else None
             return value if value is not None else getattr(task_cfg, name, default)
@@ -326,8 +299,7 @@ FLAGS = {**{f.name: f.metadata["flag"] for f in _FIELDS}, "nbest": "--nbest", "b
 
 
 def add_runtime_arguments(group: Any) -> None:
-    """The single-decode options (``RUNTIME_OPTIONS``) as command-line flags on an argparse parser or
-    group, each defaulting to None (not given); every on/off option also has its ``--no-`` form."""
+    """``RUNTIME_OPTIONS`` as flags on an argparse parser or group, None when not given (on/off: also ``--no-``)."""
     defaults = DecodingConfig()
     for name in RUNTIME_OPTIONS:
         if name == "constraint_order":  # the order of the constraints a command reads: its own --constraints
@@ -342,8 +314,7 @@ def add_runtime_arguments(group: Any) -> None:
 
 
 def check_search_options(gen_args: Any) -> None:
-    """fairseq's ``--nbest`` and ``--beam`` (hub: ``nbest=``, ``beam=``), read around the generator
-    (how many hypotheses are printed; fairseq's search for an autoregressive model): integers >= 1."""
+    """fairseq's ``--nbest`` and ``--beam`` (hub: ``nbest=``, ``beam=``): integers >= 1."""
     for name in ("nbest", "beam"):
         if getattr(gen_args, name, None) is not None:
             _integer(gen_args, name, minimum=1)

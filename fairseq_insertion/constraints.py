@@ -1,11 +1,6 @@
-"""Hard lexical constraints and templates: reading and encoding them for fairseq-generate (``--constraints-file``),
-fairseq-interactive (``--constraints``, tab-separated) and the hub interface (``translate(..., constraints=[...])``,
-:mod:`fairseq_insertion.hub`). Text only: this module imports neither the model nor the hub.
-
-A constraint is a word sequence that must appear verbatim, contiguous and in order in the output; the decoder
-(:mod:`fairseq_insertion.generator`) puts it on the initial canvas. The word ``___`` inside a constraint marks an open
-slot (a template gap); it is encoded as the target dictionary's pad index, which no real constraint token can be.
-"""
+"""Hard lexical constraints and templates (docs/constraints.md) read and encoded for fairseq-generate
+(``--constraints-file``), fairseq-interactive (``--constraints``, tab-separated) and the hub; text only. A ``___``
+gap inside a constraint is encoded as the target dictionary's pad index, which no real constraint token can be."""
 
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -16,8 +11,7 @@ from torch import Tensor
 
 from .errors import InsertionError
 from .fairseq_fixes import read_text_lines
-from .preprocess import GAP
-from .preprocess import GAP_SPLIT as _GAP_SPLIT
+from .preprocess import GAP, GAP_SPLIT
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +19,8 @@ EncodeFn = Optional[Callable[[str], str]]
 
 
 def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tensor, List[str]]:
-    """Token ids of one constraint, and its words missing from ``dictionary``.
-
-    ``encode_fn`` (tokenizer then BPE, or None for already-encoded text) is
-    applied to the pieces between ``___`` gaps, so a gap survives any
-    tokenizer; each gap becomes ``dictionary.pad()``."""
+    """Token ids of one constraint, and its words missing from ``dictionary``: ``encode_fn`` (None: already encoded)
+    applied to the pieces between ``___`` gaps, so a gap survives any tokenizer; each gap becomes ``pad()``."""
     pieces = _encoded_pieces(text, encode_fn, dictionary)
     ids: List[int] = []
     for i, piece in enumerate(pieces):
@@ -38,11 +29,14 @@ def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tenso
 
 
 def _encoded_pieces(text: str, encode_fn: EncodeFn, dictionary) -> List[str]:
-    """The pieces of a constraint between its ``___`` gaps, each refused if it holds a special symbol, then
-    encoded by ``encode_fn`` (None: as given)."""
-    pieces = _GAP_SPLIT.split(text.strip())
+    """The pieces of a constraint between its ``___`` gaps, checked, then encoded by ``encode_fn`` (None: as given)."""
+    pieces = GAP_SPLIT.split(text.strip())
+    special = (dictionary.eos_word, dictionary.bos_word, dictionary.pad_word)  # </s>, <s> end a sentence; <pad>: a gap
     for piece in pieces:
-        _refuse_special_symbols(piece, dictionary, text)
+        found = [w for w in piece.split() if w in special]
+        if found:
+            raise SpecialSymbolError(f"constraint {text!r} holds the special symbol(s) {' '.join(found)}; "
+                                     f"a constraint is words of the target text (a template gap is {GAP})")
     return [encode_fn(p.strip()) if encode_fn is not None and p.strip() else p.strip() for p in pieces]
 
 
@@ -53,8 +47,7 @@ def _unknown(pieces: Sequence[str], dictionary) -> List[str]:
 
 
 def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, line: str) -> List[Tensor]:
-    """Encode one line's constraints; warn naming ``line`` and any unknown words. A special symbol
-    (``</s>``, ``<s>``, ``<pad>``) in a constraint is an error naming ``line`` and the constraint."""
+    """One line's constraints, a warning naming any unknown words; a special symbol is an error naming ``line``."""
     out = []
     for text in fields:
         try:
@@ -70,16 +63,6 @@ def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, l
 
 class SpecialSymbolError(InsertionError):
     """A constraint holding one of the dictionary's special symbols (``</s>``, ``<s>``, ``<pad>``)."""
-
-
-def _refuse_special_symbols(text: str, dictionary, constraint: str) -> None:
-    """``text``, a piece of ``constraint`` between gaps, must hold no special symbol: an end- or
-    begin-of-sentence token on the canvas would end or break the sentence, and ``<pad>`` is the gap."""
-    special = (dictionary.eos_word, dictionary.bos_word, dictionary.pad_word)
-    found = [w for w in text.split() if w in special]
-    if found:
-        raise SpecialSymbolError(f"constraint {constraint!r} holds the special symbol(s) {' '.join(found)}; "
-                                 f"a constraint is words of the target text (a template gap is {GAP})")
 
 
 class ConstraintsFile:
@@ -110,8 +93,7 @@ class ConstraintsFile:
 
 
 class TextEncoders:
-    """The tokenizer and BPE that fairseq built through the task (``build_tokenizer``/``build_bpe``), raw;
-    None where not configured (the text is then already tokenised). Owned by the task, which encodes
+    """The tokenizer and BPE fairseq built through the task, raw (None: not configured); the task encodes
     ``--constraints-file`` constraints and fairseq-interactive sources with them."""
 
     def __init__(self) -> None:
@@ -126,15 +108,8 @@ class TextEncoders:
 
 class ConstraintEncoder:
     """Wraps a tokenizer or BPE (or nothing) as what fairseq-interactive encodes ``--constraints`` with, so that ``___``
-    gaps survive encoding, and names constraint words missing from the target dictionary.
-
-    fairseq-interactive builds one encode function from what the task's
-    ``build_tokenizer``/``build_bpe`` return, and passes it both the
-    constraints and the source lines; the task encodes source lines with the
-    raw encoders itself (``get_interactive_tokens_and_lengths``), so
-    ``encode`` here only ever sees constraints. ``last`` marks the encoder
-    applied last (BPE): it turns gaps into ``<pad>`` (which the dictionary
-    maps to the gap index) and checks the words."""
+    gaps survive encoding (the task encodes source lines itself: ``encode`` sees constraints only). ``last`` marks
+    the encoder applied last (BPE): it turns gaps into ``<pad>`` and names words missing from the dictionary."""
 
     def __init__(self, inner: Optional[Any], dictionary, last: bool):
         self.inner, self.dictionary, self.last = inner, dictionary, last

@@ -106,9 +106,8 @@ class InsertionLoss(FairseqCriterion):
         return (loss.sum() if reduce else loss), B, logging_output
 
     def _trajectory(self, model, sample, src_tokens, src_lengths, y, lengths, reduce: bool):
-        """The cached decoder's loss: one decoder pass over each whole target under the pass mask gives the slots of
-        every pass of its balanced-tree decode (:mod:`fairseq_insertion.pass_decoder`); a sentence's loss is the mean
-        of its passes' slot losses."""
+        """The cached decoder's loss (:mod:`fairseq_insertion.pass_decoder`): every pass of each target's balanced-tree
+        decode in one decoder pass; a sentence's loss is the mean of its passes' slot losses."""
         if self.order == "left_to_right" or self.tree_canvas_prob > 0 or self.canvases_per_sentence > 1:
             raise ValueError(f"{CACHED_DECODER} trains on every pass of the balanced-tree order at once: train with "
                              "--order binary_tree or uniform, without --tree-canvas-prob and --canvases-per-sentence")
@@ -141,8 +140,7 @@ class InsertionLoss(FairseqCriterion):
         def total(key):
             return sum(log.get(key, 0) for log in logging_outputs)
 
-        sample_size = total("sample_size")
-        nsentences = total("nsentences")
+        sample_size, nsentences = total("sample_size"), total("nsentences")
         metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
         metrics.log_scalar("nll_loss", total("nll_loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
         metrics.log_scalar("fill", total("fill") / max(nsentences, 1), nsentences, round=3)

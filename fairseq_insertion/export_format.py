@@ -1,10 +1,5 @@
-"""The export format in one place: the file names, each graph's inputs and outputs, ``settings.json``'s keys,
-and the checked reading of an exported directory, which refuses what it cannot take naming the file and
-(in ``settings.json``) the key: a missing, empty or changed file (size, sha256), a key missing, of the wrong
-type, out of range or unknown, a vocabulary that is not UTF-8, a graph whose inputs, outputs, vocabulary
-size or layers are not the settings'. Imports the standard library, the decoding config, the loop's slot rules
-(numpy) and the preprocessing record; no torch or onnx (the caller's onnxruntime reads the graphs).
-"""
+"""The export format in one place: the file names, each graph's inputs and outputs, ``settings.json``'s keys, and
+the checked reading of an exported directory, each refusal naming the file and the key. No torch or onnx."""
 
 from __future__ import annotations
 
@@ -39,9 +34,8 @@ def source_names(layers: int) -> Tuple[str, ...]:
 
 
 def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """The inputs and outputs of a graph of a model with ``layers`` decoder layers, as the export names them;
-    ``shortlisted``: exported with a shortlist (each sentence's list (B, L) and its rows of the vocabulary
-    projection (B, L, C), which the encoder gathers once)."""
+    """The inputs and outputs of a graph of a model with ``layers`` decoder layers; ``shortlisted``: with a
+    shortlist (each sentence's list (B, L) and its rows of the projection (B, L, C), gathered by the encoder)."""
     listed = ("shortlist",) if shortlisted else ()
     if name == ENCODER:
         return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))
@@ -52,9 +46,8 @@ def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[s
             ("tokens", "log_probs", "eos_log_probs", "location"))
 
 
+# the pass graph's outputs after location when its model has a look-ahead closure (slots.ending_graph)
 LOOKAHEAD_OUTPUTS = ("ends", "end_log_probs")
-"""The pass graph's outputs after ``location`` when its model has a look-ahead closure
-(:func:`fairseq_insertion.slots.ending_graph`)."""
 
 
 class TranslatorError(InsertionError):
@@ -106,8 +99,7 @@ def read_settings(model_dir: Path) -> Dict[str, Any]:
 
 
 def check_digests(model_dir: Path, settings: Mapping[str, Any], extra: Sequence[str] = ()) -> None:
-    """Each file's size and sha256 against ``files`` in settings.json (when the export recorded them);
-    ``extra``: the files besides the graphs and vocabularies (a recorded preprocessing's codes)."""
+    """Each file's size and sha256 against ``files`` in settings.json, if recorded (``extra``: the optional files)."""
     files = settings.get("files")
     if files is None:
         return
@@ -131,9 +123,7 @@ def check_digests(model_dir: Path, settings: Mapping[str, Any], extra: Sequence[
 
 
 def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optional[Preprocessing]:
-    """``preprocessing``: how raw text was prepared for the model (none when the key is absent), its keys
-    checked, its codes a file of the export (``bpe_codes``, as the export names it), there and not empty;
-    returned with the codes' path in ``model_dir``."""
+    """``preprocessing`` (None when absent), checked, its codes a non-empty file of the export, under ``model_dir``."""
     if settings.get("preprocessing") is None:
         return None
     path = model_dir / SETTINGS
@@ -152,8 +142,7 @@ def check_preprocessing(settings: Mapping[str, Any], model_dir: Path) -> Optiona
 
 
 def optional_file(settings: Mapping[str, Any], model_dir: Path, key: str, expected: str) -> Optional[Path]:
-    """The file settings' ``key`` names (``scorer``: :data:`SCORER`, ``shortlist``: :data:`SHORTLIST`; none when the
-    key is absent), there and not empty."""
+    """The non-empty file settings' ``key`` names (``scorer``, ``shortlist``; None when the key is absent)."""
     name = settings.get(key)
     if name is None:
         return None
@@ -238,8 +227,7 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
 
 
 def check_decoding(settings: Mapping[str, Any], path: Path) -> Dict[str, Any]:
-    """``decoding``: the export's decoding options, each of its field's JSON type and checked by
-    DecodingConfig; an unknown key is refused and a missing one takes DecodingConfig's default."""
+    """``decoding``: each key of its field's JSON type and checked by DecodingConfig (missing: the default)."""
     where = Where(path)
     values = where.section(settings, "decoding")
     unknown = sorted(set(values) - set(RUNTIME_OPTIONS))

@@ -1,7 +1,6 @@
-"""Each place the plugin works around fairseq, in one module, each function documented with
-what fairseq does and what the plugin does instead. Imports fairseq and the standard library only.
-Over-long lines are the task's (``InsertionTranslationTask.build_dataset_for_inference`` and
-``filter_indices_by_size``).
+"""Each place the plugin works around fairseq, each function documented with what fairseq does and what the plugin
+does instead (over-long lines: the task's ``build_dataset_for_inference`` and ``filter_indices_by_size``). Imports
+fairseq and the standard library only.
 """
 
 from __future__ import annotations
@@ -24,13 +23,9 @@ logger = logging.getLogger(__name__)
 
 # -------------------------------- The tail batch
 def keep_remainder_batch(dataset: FairseqDataset) -> None:
-    """Make ``dataset.batch_by_size`` keep every sentence.
-
-    fairseq drops the final batch when its size is not a multiple of
-    ``--required-batch-size-multiple``; in training, validation and
-    inference that silently loses sentences. Batches are consecutive runs
-    of ``indices``, so whatever is missing is the tail: batch it on its own.
-    """
+    """Make ``dataset.batch_by_size`` keep every sentence: fairseq drops the final batch when its size is not a
+    multiple of ``--required-batch-size-multiple``. Batches are consecutive runs of ``indices``, so whatever is
+    missing is the tail: batch it on its own."""
     batch_by_size = dataset.batch_by_size
     if getattr(batch_by_size, "keeps_remainder", False):
         return
@@ -78,9 +73,8 @@ def only_constraints(line: str) -> Optional[str]:
 
 
 class ConstraintLines(io.TextIOBase):
-    """Standard input for fairseq-interactive ``--constraints``: a line that starts with a tab (an empty source with
-    constraints, which fairseq's strip would turn into a source) gets :data:`EMPTY_SOURCE` as its source, with a message
-    naming its line number; every other line, and everything else, is the stream's."""
+    """Standard input for fairseq-interactive ``--constraints``: a line of constraints alone gets :data:`EMPTY_SOURCE`
+    as its source (:func:`only_constraints`), with a message naming its line number; the rest is the stream's."""
 
     def __init__(self, stream: Any):
         self._stream, self._lines = stream, 0
@@ -118,15 +112,11 @@ def constraint_lines_on_stdin(task_cfg: Any) -> bool:
 
 
 def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
-    """fairseq-interactive ``--input FILE``: read like standard input.
-
-    fairseq opens the file with strict UTF-8 decoding (one invalid byte ends the run, losing the lines read with it) and
-    strips every line (a line that starts with a tab, an empty source with constraints, loses the tab, and its first
-    constraint becomes its source). The task's config is the only part of fairseq-interactive's config a plugin
-    receives; through it (its root) this reads ``FILE`` first. When it holds invalid UTF-8 or, with ``--constraints``,
-    such a line, fairseq is pointed (its ``interactive.input``) at a copy in which invalid bytes are U+FFFD (an unknown
-    word), with a warning naming the file and each line, and such a line has the source :data:`EMPTY_SOURCE` (decoded
-    from its constraints). Returns the copy's path, else None."""
+    """fairseq-interactive ``--input FILE``, read like standard input: fairseq decodes it strictly (one invalid UTF-8
+    byte ends the run) and strips every line (a line of constraints alone loses its leading tab). When ``FILE``
+    (read through the task config's root) holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq's
+    ``interactive.input`` is pointed at a copy with U+FFFD for invalid bytes and :data:`EMPTY_SOURCE` as such a
+    line's source, with messages naming the file and each line. Returns the copy's path, else None."""
     root = _root(task_cfg)
     interactive = root.get("interactive") if root is not None else None
     path = getattr(interactive, "input", "-") if interactive is not None else "-"
@@ -158,19 +148,16 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
 
 
 def command_line_checkpoints(task_cfg: Any) -> List[str]:
-    """The checkpoint files of fairseq-generate's and -interactive's ``--path`` that exist, read from the
-    config the task received (its root); [] elsewhere. fairseq sets the task up before it loads them, so
-    the task can refuse a file that is not a checkpoint naming it, before torch's loader suggests
-    ``weights_only=False`` for it."""
+    """The checkpoint files of fairseq-generate's and -interactive's ``--path`` that exist, read from the task
+    config's root ([] elsewhere): the task checks them before fairseq loads them."""
     root = _root(task_cfg)
     path = getattr(root.get("common_eval"), "path", None) if root is not None else None
     return [p for p in str(path).split(os.pathsep) if os.path.isfile(p)] if path else []
 
 
 def command_line_generation(task_cfg: Any) -> Any:
-    """fairseq's generation options (``--beam``, ``--nbest``, ``--max-len-b``, ...) of the whole config
-    the task received (its root), so that the task can check them before any model is loaded; None
-    where the task was given no whole config."""
+    """fairseq's generation options (``--beam``, ``--nbest``, ...) of the task config's root, for the task to
+    check before any model is loaded; None where the task was given no whole config."""
     root = _root(task_cfg)
     return root.get("generation") if root is not None else None
 
@@ -207,9 +194,8 @@ def read_text_lines(path: str, option: str) -> List[str]:
 
 # -------------------------------- Errors on fairseq's command lines
 def command_line_program() -> Optional[str]:
-    """The program's name as argparse shows it (``fairseq-interactive``), when this process is one of
-    fairseq's command lines (a ``fairseq-*`` script, or ``python -m fairseq_cli.<command>``); None in
-    any other process (Python, the hub, tests that call fairseq in-process)."""
+    """The program's name as argparse shows it (``fairseq-interactive``) in a fairseq command line (a ``fairseq-*``
+    script, or ``python -m fairseq_cli.<command>``); None in any other process (the hub, in-process tests)."""
     argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if argv0.startswith("fairseq-") or (spec is not None and str(spec.name).startswith("fairseq_cli.")):
@@ -218,11 +204,10 @@ def command_line_program() -> Optional[str]:
 
 
 def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Callable[[Any], str]) -> bool:
-    """In a fairseq command-line process, an exception that nothing caught, of one of the types ``errors`` (options
-    refused by the plugin) or one of fairseq's own option checks (:func:`fairseq_option_check`), ends the run as
-    argparse ends it for a bad option: one line, ``prog: error: <message(exception)>`` (fairseq's: its message), on
-    standard error, and exit status 2, instead of a traceback. Any other exception reaches the previous
-    ``sys.excepthook`` as it is. Installed once (``sys.excepthook``); True when this process is such a command line."""
+    """In a fairseq command-line process, an uncaught exception of the types ``errors`` (options the plugin refuses)
+    or of fairseq's own option checks (:func:`fairseq_option_check`) ends the run as argparse does: one line,
+    ``prog: error: <message(exception)>``, exit status 2. Installed once (``sys.excepthook``, others reach the
+    previous hook); True when this process is such a command line."""
     prog = command_line_program()
     if prog is None:
         return False
@@ -256,9 +241,8 @@ def fairseq_option_check(exc: BaseException, tb: Any) -> bool:
 
 # -------------------------------- Checkpoint copies
 def atomic_checkpoint_copies() -> None:
-    """Make fairseq's checkpoint copies (``checkpoint_utils.save_checkpoint``: the newest checkpoint copied to
-    ``checkpoint_last.pt`` and the others its conditions name) atomic for local files: written beside the target
-    and renamed over it, so the target is the old file or the whole new one. Installed once."""
+    """Make fairseq's checkpoint copies (``save_checkpoint``'s ``checkpoint_last.pt``, ...) atomic for local files:
+    written beside the target and renamed over it: the target is the old file or the whole new one. Installed once."""
     from fairseq import checkpoint_utils
 
     manager = checkpoint_utils.PathManager
@@ -280,10 +264,8 @@ def atomic_checkpoint_copies() -> None:
 
 # -------------------------------- Over-long lines in the hub
 def skipped_inputs(sizes: Sequence[int], max_positions: Any) -> List[int]:
-    """The inputs (source ``sizes``, eos included) that fairseq's batching skips as too long for
-    ``max_positions`` (an int, or a (source, target) pair: an inference dataset has no targets), in
-    order. fairseq's ``GeneratorHubInterface.generate`` returns results only for the others, so its
-    list shifts."""
+    """The inputs (source ``sizes``, eos included) that fairseq's batching skips as too long for ``max_positions``
+    (an int, or a (source, target) pair), in order: fairseq's hub returns results only for the others."""
     limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
     return [i for i, n in enumerate(sizes) if limit is not None and int(n) > limit]
 
@@ -299,9 +281,8 @@ def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) 
 
 # -------------------------------- Archives
 def local_model_dir(model_name_or_path: str) -> str:
-    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive file extracted safely into a new folder
-    (:func:`safe_extract`; the archive is left as it was). fairseq itself would extract it with no member filter, next
-    to the archive, and replace the archive by a folder of the same name."""
+    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive extracted safely into a new folder
+    (:func:`safe_extract`), where fairseq would extract it unfiltered and replace the archive by a folder."""
     path = str(model_name_or_path)
     if not os.path.isfile(path):  # fairseq's from_pretrained takes any file as an archive
         return path

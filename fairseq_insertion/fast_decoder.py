@@ -1,12 +1,7 @@
-"""The cached inference path of the insertion decoder.
-
-:func:`encoder_cache` projects the encoder output to every layer's encoder-attention keys and values once a
-batch; :func:`cached_slot_states` runs fairseq's decoder layers over a framed canvas with full self-attention
-(``extract_features(..., full_context_alignment=True)``), each attention one ``scaled_dot_product_attention``,
-the queries, keys and values one product (:func:`fused_projections`, from :mod:`fairseq_insertion.weights` as the
-export reads them; rebuilt when a parameter changes). The only code that mirrors fairseq's layer internals;
-layers it does not cover (:func:`cacheable`) fall back to ``extract_features``; ``tests/test_fast_decoder.py``
-checks both paths against it.
+"""The cached inference path of the insertion decoder (docs/design.md): :func:`encoder_cache` projects the encoder
+output to every layer's encoder-attention keys and values once a batch; :func:`cached_slot_states` runs fairseq's
+decoder layers over a framed canvas with full self-attention, each attention one ``scaled_dot_product_attention``
+(:func:`fused_projections`). Layers it does not cover (:func:`cacheable`) fall back to ``extract_features``.
 """
 
 from __future__ import annotations
@@ -30,17 +25,12 @@ from .weights import (
 
 
 class FusedProjections(NamedTuple):
-    """The decoder's attention projections fused for inference (:func:`fused_projections`): ``self_attention``, per
-    layer q, k and v as one (:func:`~fairseq_insertion.weights.self_attention_qkv`; the query scaling stays in the
-    attention call: folded into the q rows it would round q differently where it is not a power of two);
-    ``encoder_attention``, every layer's encoder-attention k and v as one
-    (:func:`~fairseq_insertion.weights.encoder_keys_values`); ``source``, the parameters they were made from, to see
-    a change (:meth:`fits`).
-    """
+    """The decoder's attention projections fused for inference (:func:`fused_projections`); the query scaling stays
+    in the attention call (folded into the q rows it would round q differently where it is not a power of two)."""
 
-    self_attention: List[Projection]
-    encoder_attention: Projection
-    source: Tuple[Tuple[Tensor, tuple], ...]
+    self_attention: List[Projection]  # per layer q, k and v as one (weights.self_attention_qkv)
+    encoder_attention: Projection  # every layer's encoder-attention k and v as one (weights.encoder_keys_values)
+    source: Tuple[Tuple[Tensor, tuple], ...]  # the parameters they were made from, to see a change (fits)
 
     def fits(self, parameters: List[Tensor]) -> bool:
         """Whether ``parameters`` are those they were made from, unchanged."""
@@ -54,9 +44,8 @@ def _state(p: Tensor) -> tuple:
 
 def fused_projections(decoder: TransformerDecoderBase,
                       previous: Optional[FusedProjections] = None) -> Optional[FusedProjections]:
-    """The fused attention projections of ``decoder`` (``previous`` when it still fits the
-    parameters), or None where :func:`cacheable` rejects the layers or a projection is not a
-    plain ``nn.Linear`` (int8 dynamic quantization): those run projection by projection."""
+    """The fused attention projections of ``decoder`` (``previous`` when it still fits the parameters), or None where
+    :func:`cacheable` rejects the layers or a projection is not a plain ``nn.Linear`` (int8 dynamic quantization)."""
     if not cacheable(decoder):
         return None
     projections = [p for layer in decoder.layers for p in self_attention_projections(layer.self_attn)]
@@ -71,23 +60,15 @@ def fused_projections(decoder: TransformerDecoderBase,
 
 
 class EncoderCache(NamedTuple):
-    """What every decoding pass reuses of a batch's source side (one entry per sentence).
+    """What every decoding pass reuses of a batch's source side (one entry per sentence): the encoder-attention keys
+    and values of every decoder layer, computed once, or, for layers this path does not cover, ``encoder_out``."""
 
-    Either the encoder-attention keys and values of every decoder layer,
-    computed once (``keys``/``values``: per layer (B, heads, S_src, head dim);
-    ``source_keep``: (B, 1, 1, S_src) True at real source tokens, None where no
-    source is padded; ``positions``: the decoder's position embeddings of a canvas
-    without padding, (1, max target positions, C); ``fused``: the model's fused
-    projections, None where they run one by one), or, for decoder layers this fast
-    path does not cover, fairseq's ``encoder_out``.
-    """
-
-    encoder_out: Optional[Dict[str, List[Tensor]]]
-    keys: List[Tensor]
-    values: List[Tensor]
-    source_keep: Optional[Tensor]
-    positions: Optional[Tensor] = None
-    fused: Optional[FusedProjections] = None
+    encoder_out: Optional[Dict[str, List[Tensor]]]  # fairseq's, for layers not covered (None: the keys and values)
+    keys: List[Tensor]  # per layer (B, heads, S_src, head dim)
+    values: List[Tensor]  # per layer (B, heads, S_src, head dim)
+    source_keep: Optional[Tensor]  # (B, 1, 1, S_src) True at real source tokens; None where no source is padded
+    positions: Optional[Tensor] = None  # the decoder's position embeddings of an unpadded canvas (1, max positions, C)
+    fused: Optional[FusedProjections] = None  # the model's fused projections; None where they run one by one
 
     def select(self, order: Tensor) -> "EncoderCache":
         """The cached keys, values and mask of the sentences ``order`` (A,), in that order
@@ -131,7 +112,6 @@ def encoder_cache(decoder: TransformerDecoderBase, encoder_out: Dict[str, List[T
     mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
     source_keep = None if mask is None or not bool(mask.any()) else ~mask[:, None, None, :]  # (B, 1, 1, S_src)
     S_src, B, _ = enc.shape
-    keys, values = [], []
     if fused is not None:  # every layer's keys and values in one product: (L, 2, B, heads, S_src, head dim)
         attn = decoder.layers[0].encoder_attn
         kv = F.linear(enc, *fused.encoder_attention).view(S_src, B, len(decoder.layers), 2, attn.num_heads,
@@ -161,9 +141,8 @@ def encoder_keys_values_per_layer(decoder: TransformerDecoderBase, enc: Tensor) 
 
 
 def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: EncoderCache) -> Tensor:
-    """The insertion decoder's ``slot_states`` in inference, reusing the encoder-attention
-    keys and values of ``cache``. decoder: an ``InsertionDecoder`` (``slot_states``,
-    ``pair_slots``); framed: (A, T+2) -> slot states (A, T+1, C)."""
+    """The insertion decoder's ``slot_states`` in inference, reusing the encoder-attention keys and values of
+    ``cache``. decoder: an ``InsertionDecoder``; framed: (A, T+2) -> slot states (A, T+1, C)."""
     if cache.encoder_out is not None:
         return decoder.slot_states(framed, cache.encoder_out)
     x = decoder.embed_tokens(framed).mul_(decoder.embed_scale)  # (A, T+2, C), as in extract_features
@@ -196,9 +175,8 @@ def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: E
 
 def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor, src_keep: Optional[Tensor],
                   qkv: Optional[Projection]) -> Tensor:
-    """One fairseq decoder layer in inference (full self-attention over the canvas), with
-    the encoder-attention keys and values given. x: (T, A, C); k, v: (A, heads, S_src, d);
-    qkv: the self-attention's fused projection (None: projection by projection)."""
+    """One fairseq decoder layer in inference (full self-attention over the canvas), with the encoder-attention keys
+    and values given. x: (T, A, C); k, v: (A, heads, S_src, d); qkv: the fused projection (None: one by one)."""
     sublayers = {"self_attn": lambda h: self_attention(layer.self_attn, h, keep, None, qkv)[0],
                  "encoder_attn": lambda h: attention(layer.encoder_attn, heads(layer.encoder_attn,
                                                                                layer.encoder_attn.q_proj(h)),

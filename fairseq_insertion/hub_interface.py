@@ -1,8 +1,4 @@
-"""The insertion hub interface: fairseq's ``GeneratorHubInterface`` plus hard constraints and templates given as text.
-
-:meth:`InsertionTransformerModel.from_pretrained <fairseq_insertion.model.InsertionTransformerModel.from_pretrained>`
-and :func:`fairseq_insertion.hub.from_pretrained` return one.
-"""
+"""The insertion hub interface (``from_pretrained`` returns one): fairseq's plus constraints and templates as text."""
 
 import logging
 from typing import Dict, List, Optional, Union
@@ -18,12 +14,9 @@ logger = logging.getLogger(__name__)
 
 
 class InsertionHubInterface(GeneratorHubInterface):
-    """fairseq's hub interface, plus hard constraints and templates.
-
-    ``translate(sentence, constraints=["word a", "b"])``, or for a list of sentences one list of constraints
-    each: plain text, encoded like the target; ``___`` marks a template gap. One result per input, in input
-    order: a sentence too long for the model gets an empty result and a warning naming its index.
-    """
+    """fairseq's hub interface, plus ``translate(sentence, constraints=["word a", "b"])`` (a list of sentences: one
+    list each; ``___`` marks a template gap). One result per input, in order: a sentence too long for the model gets
+    an empty result and a warning naming its index."""
 
     @classmethod
     def from_hub(cls, hub: GeneratorHubInterface) -> "InsertionHubInterface":

@@ -1,9 +1,7 @@
-"""Insertion Transformer model (paper: "Insertion Transformer Model").
-
-A fairseq Transformer whose decoder has full self-attention (no causal mask) and slot representations: the
-canvas framed as ``[bos] canvas [eos]``, each adjacent pair of its ``n + 2`` final states concatenated and
-projected to one of ``n + 1`` slot states; factorized ``p(c, l) = p(l) p(c | l)`` by default. Decoding runs
-through :mod:`fairseq_insertion.fast_decoder`; warm start and the checkpoint checks live in
+"""Insertion Transformer model (paper: "Insertion Transformer Model"): a fairseq Transformer whose decoder has full
+self-attention (no causal mask) and slot representations: each adjacent pair of the ``n + 2`` final states of
+``[bos] canvas [eos]`` concatenated and projected to one of ``n + 1`` slot states; factorized ``p(c, l) = p(l)
+p(c | l)`` by default. Decoding: :mod:`fairseq_insertion.fast_decoder`; warm start and the checkpoint checks:
 :mod:`fairseq_insertion.checkpoints`.
 """
 
@@ -55,11 +53,7 @@ MODEL_NAME = "insertion_transformer"
 
 
 def _replace_fairseq_registration(name: str) -> None:
-    """fairseq registers its own NAT model under our name; remove it first.
-
-    ``register_model`` would otherwise silently hand back fairseq's class, and
-    re-registering its architecture raises.
-    """
+    """fairseq registers its own NAT model under our name, which ``register_model`` would hand back: remove it."""
     existing = MODEL_REGISTRY.get(name)
     if existing is None or existing.__module__.startswith(__package__ or "fairseq_insertion"):
         return
@@ -91,10 +85,7 @@ class SlotPass(NamedTuple):
 
 
 class InsertionDecoder(TransformerDecoderBase):
-    """Non-causal Transformer decoder over a framed canvas, emitting slot scores.
-
-    ``head`` (a :class:`SlotHead`) is attached by the model's ``build_model``.
-    """
+    """Non-causal Transformer decoder over a framed canvas, emitting slot scores (``head``: set by ``build_model``)."""
 
     def __init__(self, cfg: TransformerConfig, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
@@ -123,10 +114,8 @@ class InsertionDecoder(TransformerDecoderBase):
         self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
         levels: Optional[Tensor] = None, target_lengths: Optional[Tensor] = None, **kwargs
     ) -> Tuple[Tensor, Tensor]:
-        """prev_output_tokens: framed canvas (B, T+2).
-
-        Returns content scores (B, T+1, V) and location logits (B, T+1) in fp32;
-        padding slots are masked by :meth:`InsertionTransformerModel.slot_log_probs`.
+        """prev_output_tokens: framed canvas (B, T+2) -> content scores (B, T+1, V) and location logits (B, T+1) in
+        fp32 (padding slots masked by :meth:`InsertionTransformerModel.slot_log_probs`).
         The cached decoder (``--cached-decoder``) in training: prev_output_tokens is the framed target, ``levels``
         (B, T+2) the pass that inserts each column (:func:`~fairseq_insertion.pass_decoder.framed_levels`),
         ``target_lengths`` (B,); returns every pass's slots (:class:`TrajectoryOutput`).
@@ -142,20 +131,14 @@ class InsertionTransformerModel(TransformerModel):
     """Encoder-decoder Insertion Transformer (Stern et al., 2019)."""
 
     termination: str = "slot"
-    """The termination the model was trained with, ``slot`` or ``sequence``: how the generator
-    stops a sentence. Set by :meth:`build_model` from the model's args (``args.termination``:
-    fairseq-train's ``--termination``, which fairseq keeps in the one args namespace a
-    checkpoint saves; the architectures default it to ``slot``)."""
+    """The termination the model was trained with (``--termination``, kept in the checkpoint's args), ``slot`` or
+    ``sequence``: how the generator stops a sentence. Set by :meth:`build_model`."""
 
     dictionary_files: Optional[DictionaryFiles] = None
-    """The files of the dictionaries the model was built with (its task's data directory), which
-    :meth:`load_state_dict` names when a checkpoint does not fit them; None where the task has
-    none. Set by :meth:`build_model`."""
+    """The task's dictionary files, which :meth:`load_state_dict` names when a checkpoint does not fit (or None)."""
 
     _fused_projections: Optional[FusedProjections] = None
-    """The decoder's attention projections fused for decoding, built by :meth:`decoding_cache` on
-    first use and rebuilt there when a parameter they come from changes (training, loading,
-    a move to another device or dtype)."""
+    """Built by :meth:`decoding_cache` on first use, rebuilt when a parameter they come from changes."""
 
     @classmethod
     def add_args(cls, parser):
@@ -259,22 +242,18 @@ class InsertionTransformerModel(TransformerModel):
         """src_tokens: (B, T_src); prev_output_tokens: framed canvases (K B, T+2), canvas ``j`` of
         sentence ``b`` in row ``j B + b``. The encoder runs once; its output is repeated K times.
         ``levels``, ``target_lengths``: the cached decoder's training (:meth:`InsertionDecoder.forward`)."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         if levels is not None:
-            encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
             return self.decoder(prev_output_tokens, encoder_out=encoder_out, levels=levels,
                                 target_lengths=target_lengths)
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         if canvases_per_sentence > 1:
             order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat(canvases_per_sentence)
             encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)  # batch B -> K B
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 
     def slot_log_probs(self, net_output: Tuple[Tensor, Tensor], canvas: Tensor) -> Tuple[Tensor, Tensor]:
-        """log p(c | l) (B, S, V) and log p(l) (B, S), in fp32.
-
-        canvas: the framed canvas (B, S+1) the output was computed from; its
-        padding marks the padding slots, which get log p(l) = -inf.
-        """
+        """log p(c | l) (B, S, V) and log p(l) (B, S), in fp32. canvas: the framed canvas (B, S+1) the output was
+        computed from; its padding slots get log p(l) = -inf."""
         content, location = net_output
         real = canvas[:, 1:].ne(self.decoder.padding_idx)  # (B, S) slot l is left of column l+1
         location = location.float().masked_fill(~real, float("-inf")).log_softmax(-1)
@@ -297,9 +276,7 @@ class InsertionTransformerModel(TransformerModel):
     def reorder_decoding_cache(self, cache: Union[EncoderCache, PassCache], order: Tensor
                                ) -> Union[EncoderCache, PassCache]:
         """Keep the sentences ``order`` (A,) of the cache, in that order."""
-        if isinstance(cache, PassCache):
-            return cache.select(order)
-        if cache.encoder_out is not None:
+        if not isinstance(cache, PassCache) and cache.encoder_out is not None:
             return cache._replace(encoder_out=self.encoder.reorder_encoder_out(cache.encoder_out, order))
         return cache.select(order)
 
@@ -309,10 +286,8 @@ class InsertionTransformerModel(TransformerModel):
         canvas has no padding); select: (A, S) the slots that may receive a token (real and open);
         may_close (N,): the selected slots the closure head may close (None: the head is not used);
         fresh (A, S+1): the cached decoder's, the canvas columns not in its cache yet (None: none).
-
-        Returns the content log-scores (fp32, unnormalised: their softmax over the vocabulary is
-        p(c | l)) of the selected slots the head left open, and log p(l) (A, S) in fp32.
-        """
+        Returns the content log-scores (fp32, unnormalised: their softmax is p(c | l)) of the selected slots the
+        head left open, and log p(l) (A, S) in fp32."""
         passed = None
         if isinstance(cache, PassCache):
             x, passed = pass_states(self.decoder, framed, framed.eq(-1) if fresh is None else fresh, cache)
@@ -335,20 +310,17 @@ class InsertionTransformerModel(TransformerModel):
         return self.decoder.max_positions()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse a checkpoint that does not fit this model: embedding tables that do not fit the dictionaries
-        (:func:`~fairseq_insertion.checkpoints.check_dictionaries`, naming :attr:`dictionary_files`; the usual cause: a
-        data directory other than the one the model was trained with), or any other shape that differs."""
+        """Refuse a checkpoint that does not fit this model: embedding tables that do not fit :attr:`dictionary_files`
+        (:func:`~fairseq_insertion.checkpoints.check_dictionaries`), or any other shape that differs."""
         if self.dictionary_files is not None:
             check_dictionaries(self.dictionary_files, "the checkpoint", weights=state_dict)
-        if any(k.startswith(PREFIX) for k in state_dict):  # the optional slot-closure head
+        if any(k.startswith((PREFIX, LOOKAHEAD)) for k in state_dict):  # the optional closure heads
             check_fingerprint(state_dict, "the checkpoint")
-            if self.decoder.closure is None:
-                self.decoder.closure = SlotClosure(self.decoder.output_embed_dim)
-        if any(k.startswith(LOOKAHEAD) for k in state_dict):  # the optional look-ahead closure
-            check_fingerprint(state_dict, "the checkpoint")
-            if self.decoder.lookahead is None:
-                self.decoder.lookahead = LookAhead(self.decoder.output_embed_dim, len(self.decoder.dictionary),
-                                                   state_dict[LOOKAHEAD + "state.weight"].shape[0])
+        if self.decoder.closure is None and any(k.startswith(PREFIX) for k in state_dict):
+            self.decoder.closure = SlotClosure(self.decoder.output_embed_dim)
+        if self.decoder.lookahead is None and any(k.startswith(LOOKAHEAD) for k in state_dict):
+            self.decoder.lookahead = LookAhead(self.decoder.output_embed_dim, len(self.decoder.dictionary),
+                                               state_dict[LOOKAHEAD + "state.weight"].shape[0])
         own = self.state_dict()
         wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
                  if k in own and own[k].shape != v.shape]

@@ -1,20 +1,9 @@
-"""The cached decoder (``--cached-decoder``): an insertion decoder whose every token's states are computed once, in
-the pass after its insertion, and kept between passes.
-
-Fractional positions and attention by pass (Zhang, Zhang and Dolan, "Towards More Efficient Insertion Transformer
-with Fractional Positional Encoding", EACL 2023):
-
-* no absolute positions: bos and eos have two learned position vectors, and a token inserted between neighbours
-  l and r gets ``p = ELU(W [p_l; p_r] + b)`` once, at its insertion (:class:`FractionalPositions`), so no token's
-  position changes afterwards;
-* a token attends to the tokens inserted in its own pass or before it (bos and eos first), so its states never
-  change afterwards either: a pass runs the decoder layers over the tokens the last pass inserted alone, against
-  every layer's cached keys and values (:func:`pass_states`, :class:`PassCache`);
-* a slot is scored from its two neighbours' final states, as in the plain decoder.
-
-Training (:func:`trajectory_states`, :func:`trajectory_slots`): the insertion order is the balanced binary tree
-(:func:`fairseq_insertion.canvas.tree_levels`; level d is inserted by pass d), and one decoder pass over the whole
-target under the pass mask gives the states of every pass's canvas, so an update sees every pass of a sentence.
+"""The cached decoder (``--cached-decoder``, docs/training.md): every token's states computed once, in the pass
+after its insertion, and kept between passes, by fractional positions (:class:`FractionalPositions`) and attention
+by pass (:func:`pass_states`, :class:`PassCache`) (Zhang, Zhang and Dolan, "Towards More Efficient Insertion
+Transformer with Fractional Positional Encoding", EACL 2023). Training (:func:`trajectory_states`,
+:func:`trajectory_slots`): one decoder pass over the whole target under the pass mask of the balanced binary tree
+(:func:`fairseq_insertion.canvas.tree_levels`; level d is inserted by pass d) gives every pass's canvas at once.
 Same layer code in both: :func:`layers`. Torch; the decoder's modules read by their attributes.
 """
 
@@ -143,9 +132,8 @@ TRAJECTORIES = ("balanced", "sampled")
 
 def framed_levels(target_lengths: Tensor, max_len: int, trajectory: str = "balanced", tau: float = 1.0) -> Tensor:
     """(B, N + 2) the pass that inserts each position of the framed target ``[bos] y [eos]``: bos and eos -1, y_i
-    its tree level, padding N + 1. ``trajectory``: ``balanced``, each span's centre
-    (:func:`~fairseq_insertion.canvas.tree_levels`), or ``sampled`` from the binary-tree weights at ``tau``
-    (:func:`~fairseq_insertion.canvas.sample_tree_levels`)."""
+    its tree level, padding N + 1. ``trajectory``: ``balanced``, each span's centre (:func:`~.canvas.tree_levels`),
+    or ``sampled`` from the binary-tree weights at ``tau`` (:func:`~.canvas.sample_tree_levels`)."""
     real = torch.arange(max_len, device=target_lengths.device).unsqueeze(0) < target_lengths.unsqueeze(1)
     levels = C.tree_levels(target_lengths, max_len) if trajectory == "balanced" \
         else C.sample_tree_levels(target_lengths, max_len, tau)
@@ -303,9 +291,8 @@ def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int,
     device = decoder.fractional.ends.device
     framed = torch.tensor([[bos, eos]], device=device).expand(batch, 2)  # (A, 2)
     positions = decoder.fractional.ends.unsqueeze(0).expand(batch, 2, -1)  # (A, 2, C)
-    fused = encoder.fused.self_attention if encoder.fused is not None else None
     states, kv = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
-                        encoder, None, fused, cached_layers(decoder))
+                        encoder, None, _fused(encoder), cached_layers(decoder))
     return PassCache(encoder, [k for k, _ in kv], [v for _, v in kv], positions, states,
                      framed.new_ones(batch, 2, dtype=torch.bool), torch.arange(2, device=device).expand(batch, 2))
 
@@ -333,19 +320,19 @@ def pass_states(decoder: nn.Module, framed: Tensor, fresh: Tensor, cache: PassCa
     index = torch.where(fresh, M + fresh.long().cumsum(1) - 1, index)  # (A, T + 2) fresh: appended in canvas order
     if W == 0:
         cache = cache._replace(index=index)
-        return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache)), cache
+        return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache.encoder)), cache
     left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
     positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
     tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
     new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
     keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
     states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, cache.encoder,
-                        list(zip(cache.keys, cache.values)), _fused(cache), cached_layers(decoder))  # (A, W, C)
+                        list(zip(cache.keys, cache.values)), _fused(cache.encoder), cached_layers(decoder))  # (A, W, C)
     cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
                       torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
                       torch.cat([cache.real, new], 1), index)
-    return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache)), cache
+    return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache.encoder)), cache
 
 
-def _fused(cache: PassCache) -> Optional[List[Projection]]:
-    return cache.encoder.fused.self_attention if cache.encoder.fused is not None else None
+def _fused(encoder: EncoderCache) -> Optional[List[Projection]]:
+    return encoder.fused.self_attention if encoder.fused is not None else None

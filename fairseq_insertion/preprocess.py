@@ -1,16 +1,10 @@
-"""Raw text to a model's subword pieces, and its output pieces back to text, as the training data was prepared.
-
-    from fairseq_insertion.preprocess import Preprocessing, prepare_line, detokenize
+"""Raw text to a model's subword pieces, and its output pieces back to text, as the training data was prepared
+(docs/deploy.md): :func:`prepare_line`, the one preparation of a line that the data, the export's record and the
+runtime share, and :func:`detokenize`. Standard library only until a line is prepared.
 
     settings = Preprocessing(source_lang="en", target_lang="de", bpe_codes="bpe.codes")
     prepare_line("A father-figure smiles.", settings)   # 'A father-figure smiles .' (BPE'd)
     detokenize(["Ein", "Vater@@", "figur", "lächelt", "."], settings)   # 'Ein Vaterfigur lächelt.'
-
-:func:`prepare_line` is the one preparation of a line: ``examples/multi30k/prepare.py`` makes its data with it
-(writing :class:`Preprocessing` as ``preprocess.json``), the export records it and the runtime replays it:
-Moses normalisation and tokenisation, lowercasing and subword-nmt BPE as its fields say, or the raw line to a
-SentencePiece model. :func:`detokenize` undoes what can be undone for output. Standard library only until a
-line is prepared (then sacremoses, subword-nmt or sentencepiece; no torch, no fairseq).
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ class PreprocessError(InsertionError):
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How raw text was prepared for a model (see the module); ``bpe_codes``: the subword model's file (subword-nmt
-    codes with ``bpe="subword_nmt"``, a SentencePiece model with ``bpe="sentencepiece"``)."""
+    """How raw text was prepared for a model; ``bpe_codes``: the subword model's file (of the kind ``bpe`` says)."""
 
     source_lang: str = "en"
     target_lang: str = "de"
@@ -66,14 +59,13 @@ class Preprocessing:
     @classmethod
     def from_record(cls, values: Any, where: str, prefix: str = "") -> "Preprocessing":
         """A record's settings, each key checked: ``WHERE: PREFIXKEY must be ...`` when it is not."""
+        what = prefix.rstrip(".") or "the record"
         if not isinstance(values, dict):
-            raise PreprocessError(f"{where}: {prefix.rstrip('.') or 'the record'} must be an object, "
-                                  f"got {type(values).__name__}")
+            raise PreprocessError(f"{where}: {what} must be an object, got {type(values).__name__}")
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            raise PreprocessError(f"{where}: {prefix.rstrip('.') or 'the record'} has unknown key(s) {unknown}; "
-                                  f"its keys are {fields}")
+            raise PreprocessError(f"{where}: {what} has unknown key(s) {unknown}; its keys are {fields}")
         for key, value in values.items():
             problem = _problem(key, value)
             if problem:
@@ -121,14 +113,12 @@ def read_record(path: Path) -> Preprocessing:
 
 # ---------------------------------------------------------------- the one preparation
 def prepare_line(line: str, settings: Preprocessing, lang: Optional[str] = None) -> str:
-    """A raw line as the training data's lines were prepared: tokenised in ``lang`` (default: the
-    source language), then BPE'd; pieces separated by single spaces, an empty line empty."""
+    """A raw line as the training data's were: tokenised in ``lang`` (default: the source's), then BPE'd."""
     return apply_bpe_line(tokenize_line(line, settings, lang), settings)
 
 
 def prepare_constraint(text: str, settings: Preprocessing) -> str:
-    """A raw constraint (words of the target text; ``___`` marks a template gap) as the target side was
-    prepared: each part between gaps prepared as a line in the target language, the gaps kept."""
+    """A raw constraint as the target side was prepared: each part between ``___`` gaps as a line, the gaps kept."""
     parts = [prepare_line(part, settings, settings.target_lang) for part in GAP_SPLIT.split(text.strip())]
     return f" {GAP} ".join(parts).strip()
 
@@ -158,8 +148,7 @@ def apply_bpe_line(words: str, settings: Preprocessing) -> str:
 
 
 def detokenize(pieces: Sequence[str], settings: Preprocessing) -> str:
-    """Output pieces as text: the subword joins removed (SentencePiece: as fairseq's ``--post-process
-    sentencepiece``), Moses-detokenised in the target language with ``tokenizer="moses"``."""
+    """Output pieces as text: the subword joins removed, Moses-detokenised with ``tokenizer="moses"``."""
     text = " ".join(pieces)
     if settings.bpe == "sentencepiece":
         text = text.replace(" ", "").replace(SPM_SPACE, " ").strip()
@@ -171,8 +160,7 @@ def detokenize(pieces: Sequence[str], settings: Preprocessing) -> str:
 
 
 def load(settings: Preprocessing) -> None:
-    """Load what :func:`prepare_line` and :func:`detokenize` use, so that a missing package or a bad
-    codes file is refused before any line is read."""
+    """Load what :func:`prepare_line` and :func:`detokenize` use: a missing package or bad codes refused now."""
     if settings.tokenizer == "moses":
         _moses(settings.source_lang, settings.normalize_punctuation)
         _detokenizer(settings.target_lang)
@@ -183,8 +171,7 @@ def load(settings: Preprocessing) -> None:
 
 
 def check_vocabulary(settings: Preprocessing, symbols: Sequence[str], where: str) -> None:
-    """Refuse a SentencePiece model that did not make ``symbols`` (``where``'s, e.g. a dictionary's, without its
-    special symbols; fairseq's ``madeupword`` padding ignored): each must be one of its pieces."""
+    """Refuse a SentencePiece model that did not make ``symbols`` (``where``'s; ``madeupword`` padding ignored)."""
     if settings.bpe != "sentencepiece" or settings.bpe_codes is None:
         return
     model = _spm(settings.bpe_codes, _stamp(settings.bpe_codes))
@@ -253,16 +240,14 @@ def _spm(path: str, stamp: Tuple[int, int]) -> Any:
 # ---------------------------------------------------------------- command-line options
 OPTIONS = {  # flag: (field, type); an on/off field's flag also has its --no- form
     "--source-lang": ("source_lang", str), "--target-lang": ("target_lang", str), "--bpe": ("bpe", str),
-    "--bpe-codes": ("bpe_codes", str),
-    "--normalize-punctuation": ("normalize_punctuation", bool),
+    "--bpe-codes": ("bpe_codes", str), "--normalize-punctuation": ("normalize_punctuation", bool),
     "--aggressive-dash-splits": ("aggressive_dash_splits", bool), "--escape": ("escape", bool),
     "--lowercase": ("lowercase", bool),
 }
 
 
 def add_arguments(group: Any, recorded: str) -> None:
-    """``--tokenizer moses|none`` and the settings' options on an argparse parser or group, each None when not
-    given; ``recorded`` says where the settings come from when they are not given."""
+    """``--tokenizer`` and the settings' options, each None when not given; ``recorded``: where they come from."""
     group.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                        help=f"raw text: moses (Moses, then subword-nmt BPE) or none (the text as it is, then the "
                             f"subword model; a SentencePiece model's setups); the settings: {recorded}, changed by "
@@ -301,5 +286,4 @@ def from_arguments(args: argparse.Namespace, recorded: Optional[Preprocessing], 
 
 
 __all__ = ["PreprocessError", "Preprocessing", "RECORD", "add_arguments", "apply_bpe_line", "check_vocabulary",
-           "detokenize",
-           "from_arguments", "load", "prepare_line", "read_record", "tokenize_line", "write_record"]
+           "detokenize", "from_arguments", "load", "prepare_line", "read_record", "tokenize_line", "write_record"]

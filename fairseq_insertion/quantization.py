@@ -1,12 +1,9 @@
 """int8 graphs whose translations do not depend on their batch: per-row activation scales (docs/deploy.md, int8).
 
 :func:`per_row` rewrites an exported fp32 graph (the branches of an ``If`` included) so that every product by a
-weight matrix runs in int8: the weight in 7 bits (:data:`WEIGHT_LEVELS`) with one scale per output column; the
-activation uint8 with one scale per row computed from that row alone (a ReLU's output from 0 in 255 levels, the
-ReLU going), quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``) and shared by the products that
-read it; the product onnxruntime's ``MatMulIntegerToFloat`` (int32 sums: exact at any batch size), the rows'
-scales and the fp32 bias after it; a fused ``Attention`` becomes its three products and ``MultiHeadAttention``.
-The location query's one column and the products by a graph input stay fp32. Only numpy and onnx.
+weight matrix runs in int8 (onnxruntime's ``MatMulIntegerToFloat``, int32 sums: exact at any batch size), each
+activation quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``) and shared by the products that read
+it. The location query's one column and the products by a graph input stay fp32. Only numpy and onnx.
 """
 
 from __future__ import annotations
@@ -150,5 +147,4 @@ def graphs(graph: "onnx.GraphProto") -> Iterator["onnx.GraphProto"]:
 def per_row(model: "onnx.ModelProto") -> int:
     """Rewrite ``model``'s products by weight matrices (every graph in it, nested ones first) into int8 with
     per-row activation scales, in place; the number of products rewritten."""
-    nested = list(graphs(model.graph))
-    return sum(_Rewriter(graph).run() for graph in reversed(nested))
+    return sum(_Rewriter(graph).run() for graph in reversed(list(graphs(model.graph))))

@@ -1,11 +1,6 @@
 """Reranking insertion candidates with an autoregressive fairseq transformer (``--rerank-with PATH``, e.g. the
-distillation teacher): the insertion analogue of fairseq's ``--iter-decode-with-external-reranker``.
-
-The candidates of a batch (each sentence decoded under several EOS penalties,
-``--eos-penalties``) are scored in one teacher-forced forward pass, on one
-encoder output per source sentence; a candidate's score is its length-normalised
-log-probability ``log p(y | x) / (n + 1) ** lenpen`` (the ``n`` tokens and
-end-of-sentence; fairseq's ``--lenpen``, default 1: the mean token log-probability).
+distillation teacher): the insertion analogue of fairseq's ``--iter-decode-with-external-reranker``. A batch's
+candidates are scored in one teacher-forced pass, on one encoder output per source (docs/decoding.md).
 """
 
 from __future__ import annotations
@@ -30,12 +25,8 @@ class AutoregressiveScorer:
     @classmethod
     def load(cls, path: str, src_dict, tgt_dict, device: torch.device, lenpen: float = 1.0, *,
              dictionaries: DictionaryFiles) -> "AutoregressiveScorer":
-        """Load a transformer checkpoint trained with the same dictionaries as the insertion model
-        (``src_dict``/``tgt_dict``, read from the files ``dictionaries``).
-
-        Refused, naming the files: another kind of model, or other dictionaries (its embedding tables have other sizes,
-        or its training data directory, where it still exists, holds other dictionary files).
-        """
+        """Load a transformer checkpoint trained with the same dictionaries as the insertion model (``src_dict``,
+        ``tgt_dict``, read from the files ``dictionaries``); another kind of model or other dictionaries are refused."""
         state = transformer_checkpoint(path, OPTION)
         trained_with = dictionary_files(state["cfg"].get("task"))
         check_dictionaries(dictionaries, f"{OPTION} {path}", weights=state["model"], trained_with=trained_with)
@@ -47,9 +38,8 @@ class AutoregressiveScorer:
 
     @torch.no_grad()
     def score(self, src_tokens: Tensor, src_lengths: Tensor, hyps: List[Tensor], per_source: int = 1) -> Tensor:
-        """src_tokens: (B, S) the source sentences (left-padded, as fairseq batches them);
-        hyps: B x ``per_source`` token tensors, each ending with eos, those of source b at
-        rows b * per_source ... Returns (B x per_source,) scores: :meth:`log_probs` / (n + 1) ** lenpen."""
+        """src_tokens: (B, S) the sources (left-padded); hyps: B x ``per_source`` token tensors, each ending with eos,
+        those of source b at rows b * per_source ... -> (B x per_source,) :meth:`log_probs` / (n + 1) ** lenpen."""
         target = torch.nn.utils.rnn.pad_sequence(hyps, batch_first=True, padding_value=self.pad)  # (N, T)
         real = target.ne(self.pad).sum(1).clamp(min=1).float()  # (N,) n + 1
         return self.log_probs(src_tokens, src_lengths, target, per_source) / real ** self.lenpen

@@ -182,9 +182,7 @@ def build_from(d: DataBin, frequent: int = 200, translations: int = 50, split: s
 
 def build(data: Path, frequent: int = 200, translations: int = 50, split: str = "train",
           source_lang: Optional[str] = None, target_lang: Optional[str] = None) -> Shortlist:
-    """The shortlist table of ``data``'s ``split``: its ``frequent`` most frequent target words and each source
-    word's ``translations`` best target words by Dice (the module's docstring). Raises :class:`ShortlistError`
-    naming the input it cannot read."""
+    """The shortlist table of ``data``'s ``split`` (the module's docstring); :class:`ShortlistError` names bad input."""
     return build_from(open_data(Path(data), source_lang, target_lang), frequent, translations, split)
 
 
@@ -240,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table = build_from(d, args.frequent, args.translations, args.split)
         table.save(args.out)
         seconds = time.perf_counter() - started
-        coverage = coverage_of(table, d, args.check) if args.check is not None else None
+        c = coverage_of(table, d, args.check) if args.check is not None else None
     except (InsertionError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -248,8 +246,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"wrote {args.out}: {len(table.frequent)} frequent words and {int((table.translations > 0).sum())} "
           f"translations of {rows} of {len(table.translations)} source words (up to {table.translations.shape[1]} "
           f"each; target vocabulary {table.target_vocab}) from {d.path}'s {args.split} in {seconds:.1f}s")
-    if coverage is not None:
-        c = coverage
+    if c is not None:
         print(f"{args.check}: tokens covered {c.covered / max(c.tokens, 1):.2%} ({c.covered} of {c.tokens})")
         print(f"{args.check}: sentences fully covered {c.sentences_covered / max(c.sentences, 1):.2%} "
               f"({c.sentences_covered} of {c.sentences})")

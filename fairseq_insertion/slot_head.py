@@ -14,21 +14,14 @@ CONTENT_LOCATION = ("factorized", "joint")
 
 
 class SlotHead(nn.Module):
-    """Slot states H (B, S, h) -> content scores (B, S, V) and location logits (B, S).
+    """Slot states H (B, S, h) -> content scores (B, S, V), whose softmax over the vocabulary is p(c | l), and location
+    logits (B, S), whose softmax over the real slots is p(l). Paper, "Model Variants" (docs/training.md):
 
-    Content scores are log-scores whose softmax over the vocabulary is p(c | l); location logits' softmax over the real
-    slots is p(l) (see :meth:`InsertionTransformerModel.slot_log_probs`). Paper, "Model Variants":
-
-    * factorized: p(l) = softmax(H q), p(c | l) = softmax(h_l W);
-    * joint: p(c, l) = softmax(flatten(H W)), i.e. location logits are the
-      log-sum-exp of each slot's content scores;
-    * context bias: b = maxpool(H) V (padding slots excluded) added to every
-      slot's vocabulary logits;
-    * mixture of softmaxes (K > 1, Yang et al. 2018): K latent contexts
-      tanh(P_k h_l) with weights pi = softmax(h_l M); factorized:
-      p(c | l) = sum_k pi_k softmax(tanh(P_k h_l) W + b); joint:
-      p(c, l) proportional to sum_k pi_k exp(tanh(P_k h_l) W + b), which is
-      softmax(flatten(H W + B)) at K = 1. Always combined in log space.
+    * factorized: p(l) = softmax(H q), p(c | l) = softmax(h_l W); joint: p(c, l) = softmax(flatten(H W)), i.e.
+      location logits are the log-sum-exp of each slot's content scores;
+    * context bias: b = maxpool(H) V (padding slots excluded) added to every slot's vocabulary logits;
+    * mixture of softmaxes (K > 1, Yang et al. 2018): K latent contexts tanh(P_k h_l) with weights
+      pi = softmax(h_l M), combined in log space.
     """
 
     def __init__(self, dim: int, vocab_size: int, content_location: str = "factorized", context_bias: bool = False,

@@ -1,14 +1,10 @@
-"""What a slot may receive: the slot rule, built once from the dictionary and the decoding options, and its
-two applications side by side, on a torch table (the PyTorch generator, :func:`choose`) and in the exported
-pass graph (:func:`choose_graph`); ``tests/test_slots.py`` checks one against the other.
+"""What a slot may receive: the slot rule on a torch table (:func:`choose`) and in the exported pass graph
+(:func:`choose_graph`), side by side (``tests/test_slots.py`` checks one against the other). Imports numpy and the loop.
 
-The rule never inserts bos or pad; end-of-slot wins when its log-probability less the slot's EOS penalty is
-at least the best token's; it bars each slot's ``blocked`` tokens and, next to constraints, the pieces its
-word-edge class says (and end-of-slot under ``no_end``); a slot left with nothing ends. It keeps the k best
-tokens, the lowest id among equal scores. With a lexical shortlist (:class:`Shortlist`) a slot scores only
-its sentence's list (:func:`shortlist_rows`), the log-normaliser included. The per-pass inputs come from the
-slot rules (:mod:`fairseq_insertion.loop.rules`). Imports numpy and the loop only.
-"""
+The rule never inserts bos or pad; end-of-slot wins when its log-probability less the slot's EOS penalty is at least
+the best token's; it bars each slot's ``blocked`` tokens and, next to constraints, the pieces its word-edge class says
+(and end-of-slot under ``no_end``); a slot left with nothing ends. It keeps the k best tokens, the lowest id among
+equal scores. With a :class:`Shortlist` a slot scores only its sentence's list, the log-normaliser included."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ class SlotRule(NamedTuple):
     @classmethod
     def build(cls, specials: Sequence[int], eos: int, unk: int, joins_next: np.ndarray, joins_prev: np.ndarray,
               unkpen: float = 0.0) -> "SlotRule":
-        """``specials``: never inserted (bos, pad, eos; end-of-slot is judged apart); ``joins_next``,
-        ``joins_prev`` (V,) bool: the pieces that glue onto the next or the previous token
+        """``joins_next``, ``joins_prev`` (V,) bool: the pieces that glue onto the next or the previous token
         (:func:`fairseq_insertion.loop.word_edge_table`)."""
         table = np.zeros((CLASSES, len(joins_next)), dtype=np.float32)
         table[:, list(specials)] = NEG_INF
@@ -83,10 +78,9 @@ class Shortlist(NamedTuple):
 
 def shortlist_rows(table: Shortlist, src_tokens: np.ndarray, specials: Sequence[int],
                    given: Optional[np.ndarray] = None) -> np.ndarray:
-    """(B, L) each sentence's shortlist, from its source tokens ``src_tokens`` (B, S) and the tokens it must
-    contain ``given`` (B, X) (its constraints): every id up to the largest of ``specials`` (bos, pad, eos, unk:
-    a special's position is then its id), the frequent words, its source words' translations and ``given``,
-    ascending, then V (= the target vocabulary's size) as padding."""
+    """(B, L) each sentence's list from ``src_tokens`` (B, S) and its constraints' tokens ``given`` (B, X): every id
+    up to the largest of ``specials`` (a special's position is its id), the frequent words, its source words'
+    translations and ``given``, ascending, then V (the target vocabulary's size) as padding."""
     B, V = src_tokens.shape[0], table.target_vocab
     first = max(specials) + 1
     member = np.zeros((B, V + 1), dtype=bool)  # (B, V + 1)
@@ -151,12 +145,10 @@ def argmax_block(width: int) -> Optional[int]:
 
 def choose_graph(g: Any, rule: SlotRule, content: str, inputs: Mapping[str, str], k: str, ids: Optional[str] = None,
                  names: Sequence[str] = ("tokens", "log_probs", "eos_log_probs")) -> Sequence[str]:
-    """The rule in the pass graph ``g`` (an export graph builder) on ``content`` (N, V), the open slots' raw
-    scores, with the rule inputs ``inputs`` (the graph's value of each :data:`~fairseq_insertion.loop.FEEDS` name:
-    ``word_edges`` (N,), ``blocked`` (N, M), ``eos_penalty`` (N, 1), ``no_end`` (N, 1)) and ``k`` (1,): outputs
-    ``tokens`` (N, k), ``log_probs`` (N, k) and ``eos_log_probs`` (N, 1), as :func:`choose`.
-    ``ids`` (N, L): each slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
-    ``names``: the three outputs' names (returned).
+    """The rule in the pass graph ``g`` on ``content`` (N, V), the open slots' raw scores, with ``inputs`` (the graph's
+    value of each :data:`~fairseq_insertion.loop.FEEDS` name: ``word_edges`` (N,), ``blocked`` (N, M), ``eos_penalty``
+    (N, 1), ``no_end`` (N, 1)) and ``k`` (1,): outputs ``names`` (returned), as :func:`choose`. ``ids`` (N, L): each
+    slot's shortlist; ``content`` (N, L) then scores it, ``blocked`` holds positions in it.
 
     The (N, V) table is read by few kernels: onnxruntime's fused ``LogSoftmax`` gives the log-probabilities, one
     scatter bars the blocked tokens and the specials on the raw scores (in the table's own buffer: it reads the
@@ -224,8 +216,8 @@ def choose_graph(g: Any, rule: SlotRule, content: str, inputs: Mapping[str, str]
 # The slot-closure head (fairseq_insertion.closure): a slot it closes takes end-of-slot without the vocabulary.
 
 def may_close(inputs: SlotInputs, open_: Any, beta: float, k: int) -> Optional[Any]:
-    """On torch: (N,) the open slots (``open_`` (A, S)) the closure head may close: those decoded at its EOS penalty
-    ``beta`` (compared in float32) that may end; None for the k-best first insertions (which may not end either)."""
+    """On torch: (N,) the open slots (``open_`` (A, S)) the closure head may close: those that may end, decoded at its
+    EOS penalty ``beta`` (in float32); None for the k-best first insertions."""
     if k > 1:
         return None
     may, penalty, beta = open_[open_], inputs.eos_penalty, np.float32(beta)  # (N,) True
@@ -235,10 +227,9 @@ def may_close(inputs: SlotInputs, open_: Any, beta: float, k: int) -> Optional[A
 
 def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chosen: Tuple[Any, Any, Any]
             ) -> Tuple[Any, Any, Any]:
-    """On torch: every open slot's (N, k) tokens, log-probabilities and (N, 1) end-of-slot log-probabilities, from
-    ``chosen`` (:func:`choose` of the slots left open) and end-of-slot where the head ``closed`` (N,) the slot, its
-    log-probability the head's ``close_log_probs`` (N,) (less the EOS penalty in the chosen token's, as
-    :func:`choose` does)."""
+    """On torch: every open slot's (N, k) tokens, log-probabilities and (N, 1) end-of-slot log-probabilities: ``chosen``
+    (:func:`choose` of the slots left open), and where the head ``closed`` (N,) the slot end-of-slot at its
+    ``close_log_probs`` (N,) (less the EOS penalty in the token's, as :func:`choose`)."""
     tokens, log_probs, eos_log_probs = chosen
     beta = eos_penalty.reshape(-1) if hasattr(eos_penalty, "shape") else eos_penalty  # (N,) or a float
     k, open_ = tokens.shape[1], ~closed
@@ -249,10 +240,8 @@ def closing(closed: Any, close_log_probs: Any, eos_penalty: Any, eos: int, chose
 
 
 def closing_graph(g: Any, closure: Any, states: str, inputs: Mapping[str, str]) -> Tuple[str, str]:
-    """In the pass graph: the closure head (``closure``: a :class:`~fairseq_insertion.closure.SlotClosure`) on the
-    open slots' ``states`` (N, C) with their rule ``inputs`` (as :func:`choose_graph`'s), as :func:`may_close` and
-    the model's ``decode_slots``: the indices of the slots it leaves open (N',) and its log-probability that each
-    slot closes (N, 1)."""
+    """In the pass graph, as :func:`may_close` and ``decode_slots``: the closure head on the open slots' ``states``
+    (N, C): the slots it leaves open (N',) and its log-probability that each slot closes (N, 1)."""
     eos_penalty, no_end = inputs["eos_penalty"], inputs["no_end"]
     hidden = g.op("Relu", g.op("Add", g.op("MatMul", states, g.const(closure.hidden.weight.t(), "closure_hidden")),
                                g.const(closure.hidden.bias, "closure_hidden_bias")))  # (N, C): int8 in an int8 export
@@ -268,8 +257,7 @@ def closing_graph(g: Any, closure: Any, states: str, inputs: Mapping[str, str]) 
 
 def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, eos: int, chosen: Sequence[str]
                     ) -> None:
-    """The pass graph's outputs ``tokens``, ``log_probs`` and ``eos_log_probs`` of every open slot, from ``chosen``
-    (:func:`choose_graph` of the slots ``rows`` (N',) left open), as :func:`closing`."""
+    """The pass graph's outputs of every open slot from ``chosen`` (of the slots ``rows`` (N',)), as :func:`closing`."""
     tokens, log_probs, eos_log_probs = chosen
     at = g.op("Unsqueeze", rows, g.ints(1))  # (N', 1)
     shape = g.op("Concat", g.op("Shape", close_log_probs, end=1), g.op("Shape", tokens, start=1), axis=0)  # (N, k)
@@ -285,10 +273,8 @@ def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, e
 
 def ending(lookahead: Any, states: Any, tokens: Any, log_probs: Any, eos_log_probs: Any, may: Any, eos: int
            ) -> Tuple[Any, Any]:
-    """On torch: from the open slots' ``states`` (N, C), the token the slot rule gave each (``tokens`` (N, 1)) with
-    its (N, 1) log-probabilities, (N,) the slots ``may`` select whose next-pass slots the head says all close (the
-    two beside the token where it is inserted, the slot itself where it is end-of-slot) and (N,) its
-    log-probability of that."""
+    """On torch: from the open slots' ``states`` (N, C) and ``tokens`` (N, 1), (N,) the slots ``may`` select whose
+    next-pass slots the head says all close (beside an inserted token, or the slot itself) and (N,) its log p."""
     w = tokens[:, 0]  # (N,)
     logits = lookahead(states, w, log_probs[:, 0], eos_log_probs[:, 0])  # (N, 3)
     at_end = w == eos
@@ -300,9 +286,7 @@ def ending(lookahead: Any, states: Any, tokens: Any, log_probs: Any, eos_log_pro
 
 def ending_graph(g: Any, lookahead: Any, states: str, tokens: str, log_probs: str, eos_log_probs: str,
                  inputs: Mapping[str, str], k: str, eos: int) -> None:
-    """In the pass graph: the look-ahead closure on the open slots' ``states`` (N, C) with their rule ``inputs`` (as
-    :func:`choose_graph`'s) and the pass's outputs ``tokens``, ``log_probs``, ``eos_log_probs``, as :func:`ending`
-    with :func:`may_close`: writes the outputs ``ends`` (N, 1) bool and ``end_log_probs`` (N, 1)."""
+    """In the pass graph, as :func:`ending` with :func:`may_close`: outputs ``ends`` (N, 1) bool, ``end_log_probs``."""
     eos_penalty, no_end = inputs["eos_penalty"], inputs["no_end"]
     w = g.op("Gather", tokens, g.const(np.asarray(0, np.int64), "first_column"), axis=1)  # (N,)
     first = g.op("Slice", log_probs, g.ints(0), g.ints(1), g.ints(1))  # (N, 1)

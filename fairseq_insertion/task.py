@@ -127,10 +127,9 @@ class InsertionTranslationTask(TranslationTask):
         return model
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
-        """For a dataset loaded for training (:meth:`load_dataset` without a saved task config: fairseq-train's train
-        and valid splits), fairseq's rule (raise, or skip with --skip-invalid-size-inputs-valid-test). For any other
-        (fairseq-generate's test set, fairseq-interactive's and the hub's lines), a line too long for the model is
-        skipped with an error naming it, and every other line is translated."""
+        """For a dataset loaded for training (:meth:`load_dataset`), fairseq's rule (raise, or skip with
+        --skip-invalid-size-inputs-valid-test); for any other, a line too long for the model is skipped with an error
+        naming it, and every other line is translated."""
         if dataset in self._training_datasets:
             return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
         indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
@@ -144,9 +143,8 @@ class InsertionTranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        """The insertion generator for ``args`` (fairseq's generation options, or the hub's keywords) and
-        this task's options, through one :class:`DecodingConfig`; an autoregressive transformer gets
-        fairseq's own generator at the same ``--decode-precision``."""
+        """The insertion generator for ``args`` (fairseq's generation options, or the hub's keywords) and this task's
+        options, through one :class:`DecodingConfig`; an autoregressive transformer gets fairseq's own generator."""
         tolerate_invalid_utf8_stdin()
         tolerant_interactive_input(self.cfg)
         constraint_lines_on_stdin(self.cfg)
@@ -154,9 +152,8 @@ class InsertionTranslationTask(TranslationTask):
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
             raise ValueError("--constraints is ordered or unordered; constraints as text need the insertion hub "
-                             "interface, fairseq_insertion.hub."
-                             "from_pretrained(...) or InsertionHubInterface.from_hub(hub); "
-                             f"got constraints={constraint_order!r}")
+                             "interface, fairseq_insertion.hub.from_pretrained(...) or "
+                             f"InsertionHubInterface.from_hub(hub); got constraints={constraint_order!r}")
         config = DecodingConfig.from_options(self.cfg, args)
         check_search_options(args)
         for model in models:  # (fairseq's make_generation_fast_ makes model.eval() return None: no chaining)
@@ -210,11 +207,9 @@ class InsertionTranslationTask(TranslationTask):
         return [i for i, t in enumerate(src_tokens) if t.numel() > self.cfg.max_source_positions]
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        """fairseq's, for fairseq-interactive's lines and the hub's sentences, with one output per input:
-        a line longer than ``--max-source-positions`` becomes an empty source without constraints (its
-        output is empty) with an error naming it (fairseq-interactive: its input line number, from
-        :class:`InputLines`; the hub: its index), where fairseq would drop it and every later output of a
-        fairseq-interactive buffer would take its place."""
+        """fairseq's, with one output per input: a line longer than ``--max-source-positions`` becomes an empty
+        source without constraints (an empty output), with an error naming it (its input line number, from
+        :class:`InputLines`, or the hub's index), where fairseq would drop it and shift the later outputs."""
         limit = self.cfg.max_source_positions
         over = self.over_long(src_tokens)
         if over:

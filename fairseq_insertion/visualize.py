@@ -1,13 +1,10 @@
 """Pictures of insertion decoding: one sentence's decode, one row per iteration (docs/visualize.md).
 
-    fairseq-generate data-bin --user-dir fairseq_insertion --task insertion_translation \\
-        --path checkpoint.pt --print-step --retain-iter-history > gen.out
     python -m fairseq_insertion.visualize gen.out --id 0 --svg decode.svg [--png decode.png] [--text]
 
-Reads a hypothesis's ``H-``, ``P-``, ``I-`` and ``E-<id>_<step>`` lines: the canvas after each iteration,
-row 0 being the tokens of the first canvas scored exactly 0 (the constraints); a row's new tokens are
-those :func:`align` leaves unmatched. Hand-made SVG, or PNG with matplotlib (the ``plot`` extra). Imports
-nothing from the plugin, nor torch or fairseq.
+Reads the ``H-``, ``P-``, ``I-`` and ``E-<id>_<step>`` lines of ``fairseq-generate --print-step
+--retain-iter-history``. Hand-made SVG, or PNG with matplotlib (the ``plot`` extra). Imports nothing from the
+plugin, nor torch or fairseq.
 """
 
 from __future__ import annotations
@@ -56,9 +53,7 @@ class Sentence:
 
 
 def read_generate_output(lines: Iterable[str]) -> dict[int, Sentence]:
-    """{sentence id: its S-, T-, H-, P-, I- and E- lines}, in the order the ids first appear.
-
-    Other lines (``D-``, ``A-``, ``W-``, ``C-``, logging) are ignored."""
+    """{sentence id: its S-, T-, H-, P-, I- and E- lines}, in the order the ids first appear; other lines ignored."""
     sentences: dict[int, Sentence] = {}
     for line in lines:
         m = LINE_RE.match(line.rstrip("\r\n"))
@@ -87,10 +82,8 @@ def read_generate_output(lines: Iterable[str]) -> dict[int, Sentence]:
 
 # ------------------------------------------------------------------ alignment
 def align(previous: Sequence[str], current: Sequence[str]) -> list[int]:
-    """The position in ``current`` of each token of ``previous`` (a subsequence of it):
-    left to right, each token matched to the leftmost equal token after the previous match.
-
-    Raises :class:`VisualizeError` when ``previous`` is not a subsequence of ``current``."""
+    """The position in ``current`` of each token of ``previous`` (a subsequence of it, else :class:`VisualizeError`):
+    left to right, each token matched to the leftmost equal token after the previous match."""
     out: list[int] = []
     j = 0
     for token in previous:

@@ -46,8 +46,7 @@ def fuse(linears: Sequence[nn.Linear]) -> Projection:
 
 
 def self_attention_projections(attn: nn.Module) -> List[nn.Linear]:
-    """A fairseq ``MultiheadAttention``'s q, k and v projections, in the order :func:`self_attention_qkv`
-    stacks them."""
+    """A fairseq ``MultiheadAttention``'s q, k and v projections, as :func:`self_attention_qkv` stacks them."""
     return [attn.q_proj, attn.k_proj, attn.v_proj]
 
 
@@ -58,8 +57,7 @@ def self_attention_qkv(attn: nn.Module) -> Projection:
 
 
 def encoder_attention_projections(layers: Sequence[nn.Module]) -> List[nn.Linear]:
-    """The encoder-attention key and value projections of ``layers``, in the order
-    :func:`encoder_keys_values` stacks them: k_0, v_0, k_1, v_1, ..."""
+    """The encoder-attention k and v projections of ``layers``, as :func:`encoder_keys_values` stacks them."""
     return [p for layer in layers for p in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
 
 
@@ -70,17 +68,12 @@ def encoder_keys_values(layers: Sequence[nn.Module]) -> Projection:
 
 
 class SlotHeadWeights(NamedTuple):
-    """The slot head of an insertion decoder.
+    """The slot head of an insertion decoder; ``pair`` and ``output`` are the modules themselves (int8 dynamic
+    quantization replaces them by quantized ones, which the torch path calls the same way)."""
 
-    ``pair``: adjacent final decoder states, concatenated (.., 2C) -> the slot state (.., C);
-    ``location_query``: q (C,), p(l) = softmax(H q) (None: the joint head, whose location scores are its
-    content's); ``output``: a slot state -> its vocabulary scores, weight (V, C), p(c | l) = softmax(h W^T).
-    ``pair`` and ``output`` are the modules themselves (int8 dynamic quantization replaces them by
-    quantized ones, which the torch path calls the same way)."""
-
-    pair: nn.Module
-    location_query: Optional[Tensor]
-    output: nn.Module
+    pair: nn.Module  # adjacent final decoder states, concatenated (.., 2C) -> the slot state (.., C)
+    location_query: Optional[Tensor]  # q (C,), p(l) = softmax(H q) (None: the joint head)
+    output: nn.Module  # a slot state -> its vocabulary scores, weight (V, C), p(c | l) = softmax(h W^T)
 
 
 def slot_head(decoder: nn.Module) -> SlotHeadWeights:

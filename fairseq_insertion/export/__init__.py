@@ -11,12 +11,10 @@ options, the preprocessing record and every file's size and sha256) and the prep
 ``spm.model``. docs/deploy.md describes each file and flag.
 """
 
-
-from ..quantization import per_row
 from .cli import build_parser, main
 from .files import export, export_model, load, load_scorer
-from .graph import IR_VERSION, OPSET, ExportError, Graph
+from .graph import ExportError, Graph
 from .layers import encoder_graph, pass_graph, scorer_graph
 
-__all__ = ["ExportError", "Graph", "IR_VERSION", "OPSET", "build_parser", "encoder_graph", "export", "export_model",
-           "load", "load_scorer", "main", "pass_graph", "per_row", "scorer_graph"]
+__all__ = ["ExportError", "Graph", "build_parser", "encoder_graph", "export", "export_model", "load", "load_scorer",
+           "main", "pass_graph", "scorer_graph"]

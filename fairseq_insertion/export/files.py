@@ -74,8 +74,7 @@ def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
 
 
 def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> None:
-    """Write ``encoder.onnx`` and ``pass.onnx`` for ``model`` (fp32) into ``out``; ``shortlisted``: the graphs
-    that take each sentence's shortlist."""
+    """Write ``encoder.onnx`` and ``pass.onnx`` (fp32, ``shortlisted``: taking each sentence's list) into ``out``."""
     check_exportable(model)
     model = model.float().eval()
     with torch.no_grad():
@@ -84,8 +83,7 @@ def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> Non
 
 
 def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[str]) -> dict:
-    """What the runtime needs besides the graphs: ids, sizes, limits, the precision (``int8``: its scheme; None:
-    fp32) and the decoding's options."""
+    """settings.json's ``model`` (ids, sizes, limits, the precision) and ``decoding``."""
     return {
         "format_version": FORMAT_VERSION,
         "model": {
@@ -102,8 +100,7 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[
 
 
 class ExportFile(NamedTuple):
-    """One of an export's optional files: its name, how it is written into the export's directory, whether
-    ``--int8`` quantizes it, and its entry in ``settings.json`` (key, value), if it has one."""
+    """One of an export's optional files: its name, its writer, whether ``--int8`` quantizes it, its settings entry."""
 
     name: str
     write: Callable[[Path], None]
@@ -124,8 +121,7 @@ def subword_file(preprocessing: Optional[P.Preprocessing]) -> Optional[str]:
 
 def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist],
                    preprocessing: Optional[P.Preprocessing]) -> List[ExportFile]:
-    """The optional files of an export, in the order ``settings.json`` lists them: the scorer's graph, the
-    shortlist, the preprocessing's subword model (BPE codes or a SentencePiece model)."""
+    """The optional files of an export (scorer, shortlist, subword model), in ``settings.json``'s order."""
     def graph(build: Callable[[], "onnx.ModelProto"], name: str) -> Callable[[Path], None]:
         def write(out: Path) -> None:
             with torch.no_grad():
@@ -151,8 +147,7 @@ def recorded_preprocessing(data: Path) -> Optional[P.Preprocessing]:
 
 
 def load_scorer(path: Path, task) -> nn.Module:
-    """``--rerank-with``: an autoregressive fairseq transformer trained with the insertion model's dictionaries
-    (refused, naming the files, otherwise: :meth:`fairseq_insertion.rerank.AutoregressiveScorer.load`)."""
+    """``--rerank-with``: an autoregressive transformer of the same dictionaries (``AutoregressiveScorer.load``)."""
     from ..checkpoints import dictionary_files
     from ..rerank import AutoregressiveScorer
 
@@ -167,11 +162,8 @@ def load_scorer(path: Path, task) -> nn.Module:
 def export(path: Path, data: Path, out: Path, int8: Optional[str] = None, config: Optional[DecodingConfig] = None,
            preprocessing: Optional[P.Preprocessing] = None, scorer: Optional[Path] = None,
            shortlist: Optional[Path] = None) -> Path:
-    """Export ``path`` (an insertion checkpoint, its dictionaries in ``data``) into ``out``, with
-    ``preprocessing`` (default: ``data``'s ``preprocess.json``, if any), ``scorer`` (an autoregressive
-    checkpoint that chooses among candidates, :func:`scorer_graph`) and ``shortlist`` (a table of
-    ``python -m fairseq_insertion.shortlist``), if given; ``int8``: the products in int8 with that scheme
-    (:func:`quantize`; None: fp32)."""
+    """Export the checkpoint ``path`` (its dictionaries in ``data``) into ``out``: :func:`export_model` of the loaded
+    model, ``scorer`` checkpoint and ``shortlist`` table; ``preprocessing`` defaults to ``data``'s record."""
     preprocessing = preprocessing or recorded_preprocessing(data)
     if preprocessing is not None:
         P.load(preprocessing)  # its codes checked before the model is loaded
@@ -190,11 +182,8 @@ def export(path: Path, data: Path, out: Path, int8: Optional[str] = None, config
 def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional[str] = None,
                  config: Optional[DecodingConfig] = None, preprocessing: Optional[P.Preprocessing] = None,
                  scorer: Optional[nn.Module] = None, shortlist: Optional[Shortlist] = None) -> Path:
-    """Export a loaded insertion model with its fairseq dictionaries into ``out``; ``int8``: the products in int8,
-    ``per-row`` or ``dynamic`` (:func:`quantize`; None: fp32); ``preprocessing``: how raw text was prepared for it
-    (recorded, its codes copied), if known; ``scorer``: a loaded autoregressive transformer of the same
-    dictionaries that chooses among candidates (``scorer.onnx``); ``shortlist``: the lexical shortlist its slots
-    choose from (``shortlist.npz``, the graphs then take each sentence's list)."""
+    """Export a loaded insertion model with its dictionaries into ``out``; ``int8``: the scheme (None: fp32); the
+    ``preprocessing`` recorded (its codes copied), ``scorer`` as ``scorer.onnx``, ``shortlist`` as ``shortlist.npz``."""
     config = config or DecodingConfig()
     if int8 is not None and int8 not in INT8_SCHEMES:
         raise ExportError(f"--int8 {int8}: expected one of {list(INT8_SCHEMES)}")

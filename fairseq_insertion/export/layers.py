@@ -45,10 +45,8 @@ def _activation(g: Graph, x: str, fn) -> str:
 
 
 def _self_attention(g: Graph, x: str, attn, mask: str, causal: bool = False) -> str:
-    """fairseq's MultiheadAttention of x (A, T, C) over itself: onnxruntime's fused ``Attention``
-    (one q/k/v product, the heads, softmax(q k^T / sqrt(d)) v; int8: ``QAttention``), then the
-    output projection. mask: (A, T) int32, 1 where attending is allowed; causal: each position attends
-    to itself and those before it only (an autoregressive decoder)."""
+    """fairseq's MultiheadAttention of x (A, T, C) over itself as onnxruntime's fused ``Attention``, then the output
+    projection; mask (A, T) int32, 1 where attending is allowed; causal: an autoregressive decoder's."""
     qkv = self_attention_qkv(attn)  # weight (3C, C)
     bias = qkv.bias if qkv.bias is not None else qkv.weight.new_zeros(qkv.weight.size(0))  # (3C,)
     _check_scaling(attn)
@@ -58,8 +56,7 @@ def _self_attention(g: Graph, x: str, attn, mask: str, causal: bool = False) -> 
 
 
 def _cross_attention(g: Graph, x: str, attn, keys: str, values: str, mask: str) -> str:
-    """fairseq's encoder attention of x (A, T, C) over the cached keys and values (A, heads, S, d):
-    onnxruntime's ``MultiHeadAttention``, then the output projection. mask: (A, S) int32."""
+    """fairseq's encoder attention of x (A, T, C) over the keys and values (A, heads, S, d); mask (A, S) int32."""
     _check_scaling(attn)
     y = g.op("MultiHeadAttention", _linear(g, x, attn.q_proj), keys, values, "", mask,
              domain="com.microsoft", num_heads=attn.num_heads)
@@ -84,10 +81,8 @@ def _ffn(g: Graph, layer) -> Callable[[str], str]:
 
 
 def _embed(g: Graph, tokens: str, keep: str, module, encoder: bool) -> str:
-    """fairseq's token embedding x scale + positions (numbered 1, 2, ... over the real tokens,
-    padding_idx + position as fairseq's make_positions) + embedding layer norm; tokens (A, T). (Positions
-    sliced from the table by the canvas width instead would cost onnxruntime its shape inference, and with
-    it the fusion of the residual adds with the layer norms.)"""
+    """fairseq's token embedding x scale + positions (as make_positions: a table sliced by the canvas width would
+    cost onnxruntime its shape inference and the fusions) + embedding layer norm; tokens (A, T)."""
     weight = module.embed_tokens.weight
     if module.embed_scale != 1.0 and getattr(module, "project_in_dim", None) is None:
         weight = weight * module.embed_scale  # the scale folded into the table: the same products
@@ -124,8 +119,7 @@ def _mask(g: Graph, keep: str) -> str:
 
 
 def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
-    """fairseq's TransformerEncoderBase in inference on ``src_tokens`` (B, S): its output (B, S, C) and
-    where the tokens are real (B, S)."""
+    """fairseq's TransformerEncoderBase on ``src_tokens`` (B, S): its output (B, S, C), where tokens are real (B, S)."""
     keep = g.op("Not", g.op("Equal", "src_tokens", g.const(np.asarray(enc.padding_idx, np.int64), "pad")))
     x = _embed(g, "src_tokens", keep, enc, encoder=True)
     mask = _mask(g, keep)
@@ -137,10 +131,8 @@ def _encode(g: Graph, enc: nn.Module) -> Tuple[str, str]:
 
 def _keys_values(g: Graph, x: str, layers, rows: Optional[str] = None,
                  names: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
-    """Every decoder layer's encoder-attention keys and values of the encoder output x (B, S, C), in one
-    product (:func:`~fairseq_insertion.weights.encoder_keys_values`): per layer (keys, values), each
-    (B, heads, S, d); rows (N,): those of these sources instead, (N, heads, S, d); names: graph outputs
-    to write them to, keys_0, ..., values_0, ... (:func:`~fairseq_insertion.export_format.source_names`)."""
+    """Every decoder layer's (keys, values), each (B, heads, S, d), of the encoder output x (B, S, C) in one product;
+    rows (N,): of those sources instead, (N, heads, S, d); names: the graph outputs to write them to."""
     attn = layers[0].encoder_attn
     L, H, d = len(layers), attn.num_heads, attn.head_dim
     kv = g.op("Reshape", _linear(g, x, encoder_keys_values(layers)), g.ints(0, 0, 2 * L, H, d))  # (B, S, 2L, H, d)
@@ -157,10 +149,8 @@ def _keys_values(g: Graph, x: str, layers, rows: Optional[str] = None,
 
 def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[str, str]], src_mask: str,
             causal: bool = False) -> Tuple[str, str]:
-    """fairseq's TransformerDecoderBase's layer stack in inference on ``tokens`` (A, T): embeddings, every layer
-    (self-attention, causal or over the whole canvas; encoder attention on ``keys_values``, per layer (A, heads, S, d)
-    each, masked by src_mask (A, S) int32; FFN; layer norms before or after as configured), the final layer norm and
-    output projection: its final states (A, T, C) and where the tokens are real (A, T)."""
+    """fairseq's TransformerDecoderBase's layer stack on ``tokens`` (A, T), attending to ``keys_values`` (A, heads,
+    S, d) each masked by src_mask (A, S): its final states (A, T, C) and where the tokens are real (A, T)."""
     keep = g.op("Not", g.op("Equal", tokens, g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, T)
     x = _embed(g, tokens, keep, dec, encoder=False)  # (A, T, C)
     mask = _mask(g, keep)
@@ -176,10 +166,8 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
 
 
 def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
-    """src_tokens (B, S) -> keys and values (B, heads, S, d) of every decoder layer's encoder
-    attention. Mirrors fairseq's TransformerEncoderBase in inference. ``shortlisted``: also each sentence's
-    list ``shortlist`` (B, L) (:func:`fairseq_insertion.slots.shortlist_rows`; V: padding) -> its rows of the
-    vocabulary projection, ``shortlist_weights`` (B, L, C) (zeros at padding), which every pass reuses."""
+    """src_tokens (B, S) -> every decoder layer's encoder-attention keys and values (B, heads, S, d); ``shortlisted``:
+    also ``shortlist`` (B, L) (V: padding) -> its projection rows ``shortlist_weights`` (B, L, C), 0 at padding."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
     x, _ = _encode(g, enc)
@@ -199,11 +187,9 @@ def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelPro
 
 
 def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
-    """An autoregressive fairseq transformer (``--rerank-with``, e.g. the distillation teacher) scoring
-    candidates, teacher-forced, as :class:`~fairseq_insertion.rerank.AutoregressiveScorer`: ``src_tokens``
-    (B, S) each source once, ``rows`` (N,) the source of each candidate, ``target`` (N, T) the candidates
-    with end-of-sentence, right-padded, and ``prev_tokens`` (N, T) the same shifted right behind
-    end-of-sentence -> ``log_probs`` (N,): log p(target | source), summed over its real tokens."""
+    """An autoregressive transformer (``--rerank-with``) scoring candidates teacher-forced, as
+    :class:`~fairseq_insertion.rerank.AutoregressiveScorer`: ``src_tokens`` (B, S), ``rows`` (N,) each candidate's
+    source, ``target`` and ``prev_tokens`` (N, T) -> ``log_probs`` (N,) log p(target | source)."""
     enc, dec = model.encoder, model.decoder
     g = Graph("scorer")
     x, keep = _encode(g, enc)
@@ -225,8 +211,7 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
 
 
 def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
-    """The source side every pass takes: each decoder layer's encoder-attention keys and values
-    (rows, heads, source, d), then src_mask (rows, source) int32."""
+    """Each layer's keys and values (rows, heads, source, d), then src_mask (rows, source) int32."""
     heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     return [*(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in source_names(len(dec.layers))),
             _io("src_mask", TensorProto.INT32, ["rows", "source"])]
@@ -234,10 +219,8 @@ def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
 
 def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, inputs: Dict[str, str], k: str,
           shortlisted: bool = False) -> None:
-    """One decoding pass into ``g``: the decoder over the ``framed`` canvases (A, W) with the source side
-    (:func:`_source_inputs`), the slot head at the ``open_slots`` (N,) and the slot rule with its ``inputs`` (by
-    :data:`~fairseq_insertion.loop.FEEDS` name) and ``k`` (1,) (:func:`~fairseq_insertion.slots.choose_graph`):
-    writes the values ``tokens``, ``log_probs`` (N, k), ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
+    """One decoding pass: the decoder over the ``framed`` canvases (A, W), the slot head at the ``open_slots`` (N,)
+    and the slot rule: writes ``tokens``, ``log_probs`` (N, k), ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
     d = dec.dictionary
     bos, eos, pad = d.bos(), d.eos(), d.pad()
     L = len(dec.layers)
@@ -276,10 +259,8 @@ def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, r
 
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
-    """One decoding pass (its inputs and outputs: :func:`fairseq_insertion.export_format.graph_io`, and
-    :data:`~fairseq_insertion.export_format.LOOKAHEAD_OUTPUTS` with a look-ahead closure); ``shortlisted``: the open
-    slots score only their sentence's list (``shortlist`` (A, L), ``shortlist_weights`` (A, L, C), from the
-    encoder graph)."""
+    """One decoding pass, its inputs and outputs :func:`fairseq_insertion.export_format.graph_io`'s; ``shortlisted``:
+    the open slots score their sentence's list only (``shortlist`` (A, L), ``shortlist_weights`` (A, L, C))."""
     dec = model.decoder
     g = Graph("insertion_pass")
     _pass(g, dec, "framed", "open_slots", {f.name: f.name for f in FEEDS}, "k", shortlisted)
@@ -300,11 +281,9 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
 
 def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False,
                project: bool = True) -> Tuple[str, Optional[str]]:
-    """The factorized slot head (:func:`fairseq_insertion.weights.slot_states`, ``location_logits``) on the final states
-    x (A, W, C) of framed canvases, real where ``keep`` (A, W): writes the output ``location``, log p(l) (A, W-1), -inf
-    at padding slots, and returns the content scores of the ``open_slots`` (N,) (flat indices into the A x (W-1) slots)
-    alone, (N, V), and None; ``shortlisted``: their scores over their sentence's list (the inputs ``shortlist`` (A, L)
-    and ``shortlist_weights`` (A, L, C)), (N, L), and the listed ids (N, L)."""
+    """The factorized slot head on the final states x (A, W, C), real where ``keep`` (A, W): writes ``location``,
+    log p(l) (A, W-1), -inf at padding, and returns the content scores of the ``open_slots`` (N,), (N, V), and None;
+    ``shortlisted``: their scores over their sentence's list (N, L) and the listed ids (N, L)."""
     end = np.iinfo(np.int64).max
     pairs = g.op("Concat", g.op("Slice", x, g.ints(0), g.ints(-1), g.ints(1)),
                  g.op("Slice", x, g.ints(1), g.ints(end), g.ints(1)), axis=-1)  # (A, S, 2C)

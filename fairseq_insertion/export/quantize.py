@@ -16,9 +16,7 @@ from ..quantization import graphs, per_row
 
 
 def quantize(out: Path, names: Sequence[str] = (ENCODER, PASS), scheme: str = "per-row") -> None:
-    """The graphs ``names`` in int8, in place: ``per-row`` (:func:`fairseq_insertion.quantization.per_row`) or
-    ``dynamic`` (onnxruntime's dynamic quantization); :func:`~fairseq_insertion.export.files.export_model` checked
-    the scheme."""
+    """The graphs ``names`` in int8, in place, by ``scheme`` (checked by the caller): ``per-row`` or ``dynamic``."""
     for name in names:
         REWRITES[scheme](out, name)
 
@@ -52,9 +50,8 @@ def _dynamic(out: Path, name: str) -> None:
 
 
 def _typed_casts(path: Path) -> None:
-    """In a subgraph (an If's branch) the quantizer cannot infer the type of some products (those of the fused
-    attention's output) and leaves the Cast of their int32 result untyped: float, the type DefaultTensorType gives
-    them in a graph's top level."""
+    """In an If's branch the quantizer leaves the Cast of some products' int32 result (the fused attention's output)
+    untyped: float, as DefaultTensorType types them at a graph's top level."""
     model = onnx.load(str(path))
     for graph in graphs(model.graph):
         for node in graph.node:

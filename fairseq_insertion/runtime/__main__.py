@@ -44,8 +44,7 @@ class Text(NamedTuple):
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-    """UTF-8 lines without their line ends, as they are read, a leading byte-order mark skipped; an
-    invalid byte becomes U+FFFD, with a warning naming the line."""
+    """UTF-8 lines without their line ends, a leading byte-order mark skipped; an invalid byte is a U+FFFD, warned."""
     for i, raw in enumerate(stream, 1):
         try:
             text = raw.decode("utf-8")
@@ -65,9 +64,8 @@ def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
 
 
 def text_pipeline(args: argparse.Namespace, translator: Translator) -> Text:
-    """How a line becomes source pieces (and constraint pieces), and target pieces an output line: with
-    ``--tokenizer``, the export's recorded preprocessing with the options given applied (its subword model read,
-    and checked against the target vocabulary, before any line)."""
+    """How lines become pieces and pieces lines: with ``--tokenizer``, the export's preprocessing changed by the
+    options given (its subword model read and checked against the target vocabulary now)."""
     settings = P.from_arguments(args, translator.preprocessing, str(translator.model_dir / SETTINGS))
     if settings is not None:
         P.load(settings)
@@ -96,9 +94,8 @@ def translate(args: argparse.Namespace, out: TextIO) -> int:
 
 def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[str], first: int, name: str,
                     text: Text, constraints: bool = False) -> List[str]:
-    """The output line of each input line; an empty one, with a warning naming the line, for a line
-    that tokenises to nothing (and has no constraints) or is longer than the model's source positions.
-    ``constraints``: each line is its source, then its constraints after tabs."""
+    """The output line of each input line (``constraints``: its source, then its constraints after tabs); an empty
+    one, with a warning, for a line that is empty or longer than the model's source positions."""
     ids: Dict[int, np.ndarray] = {}
     given: Dict[int, List[List[str]]] = {}
     for number, line in enumerate(lines, first):

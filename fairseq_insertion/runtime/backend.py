@@ -13,15 +13,13 @@ from .. import loop as L
 from ..export_format import TranslatorError
 from ..loop.rules import fed
 
+# a group of a pass's canvases runs its longer and its shorter ones apart where that drops at least this share of its
+# canvas positions (Multi30k, batch 128: 0.02 about 2% faster than 0.1, 5.6% fewer positions for 2.6x the runs)
 GROUPED = 0.02
-"""A group of a pass's canvases runs its longer and its shorter ones apart (one more run of the pass graph) where
-that drops at least this share of the group's canvas positions (the padding of the shorter ones); measured on
-Multi30k at batch 128: 0.02 about 2% faster than 0.1, 5.6% fewer positions for 2.6x the runs."""
 
 
 def session(ort: Any, path: Path, options: Any, providers: List[str], unfused: Sequence[str] = ()) -> Any:
-    """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file onnxruntime cannot load
-    is named."""
+    """An onnxruntime session of one graph, without the ``unfused`` optimizations; a file it cannot load is named."""
     try:
         return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(unfused))
     except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class but Exception
@@ -34,9 +32,8 @@ class Source(NamedTuple):
 
     inputs: Dict[str, np.ndarray]  # each decoder layer's keys and values (A, heads, S, d); src_mask (A, S) int32
 
-    def take(self, idx: np.ndarray) -> "Source":
-        return Source({name: np.take(value, idx, axis=0) for name, value in self.inputs.items()})  # numpy's
-        # fancy indexing copies an (A, L, C) array ten times slower
+    def take(self, idx: np.ndarray) -> "Source":  # np.take: numpy's fancy indexing copies ten times slower
+        return Source({name: np.take(value, idx, axis=0) for name, value in self.inputs.items()})
 
 
 class Constants:
@@ -75,9 +72,8 @@ class OnnxBackend:
         lengths = (framed != self.pad).sum(1) - 2  # (A,)
         groups = width_groups(lengths)
         if len(groups) == 1:
-            tokens, log_probs, eos_log_probs, location, *ahead = self._run(source, framed, open_, inputs, slice(None),
-                                                                           k)
-            return L.SlotChoice(tokens, log_probs, eos_log_probs, location, *(a.reshape(-1) for a in ahead))
+            out = self._run(source, framed, open_, inputs, slice(None), k)
+            return L.SlotChoice(*out[:4], *(a.reshape(-1) for a in out[4:]))
         location = np.full(open_.shape, L.NEG_INF, np.float32)  # (A, S)
         ends = np.cumsum([int(open_[rows].sum()) for rows in groups])  # each group's open slots end here
         outs = []
@@ -95,15 +91,11 @@ class OnnxBackend:
         # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
         open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
         sources = source.inputs if rows == slice(None) else {name: v[rows] for name, v in source.inputs.items()}
-        return self.session.run(None, {"framed": framed, **sources, "open_slots": open_slots,
-                                       **self._feeds(inputs, len(open_slots)), "k": np.asarray([k], np.int64)})
-
-    def _feeds(self, inputs: L.SlotInputs, n: int) -> Dict[str, np.ndarray]:
-        """The pass graph's slot-rule inputs for ``n`` open slots (:func:`fairseq_insertion.loop.rules.fed`)."""
-        feeds = fed(inputs, n, self.pad, self.constant)
+        feeds = fed(inputs, len(open_slots), self.pad, self.constant)  # the slot rules' inputs
         if inputs.shortlist is not None:
             feeds["shortlist"] = inputs.shortlist
-        return feeds
+        return self.session.run(None, {"framed": framed, **sources, "open_slots": open_slots, **feeds,
+                                       "k": np.asarray([k], np.int64)})
 
     def reorder(self, source: Source, keep: np.ndarray) -> Source:
         return source.take(keep)
@@ -126,10 +118,8 @@ class OnnxBackend:
 
 
 def width_groups(lengths: np.ndarray, start: int = 0) -> List[slice]:
-    """The rows of a pass, canvas ``lengths`` (A,) longest first (:func:`fairseq_insertion.loop.run` keeps them so
-    as sentences finish), as contiguous groups: a group is split in two where the decoder's positions (each group
-    at its widest canvas) are fewest, when that drops at least :data:`GROUPED` of its own, and so on in each part
-    (``start``: the first row's index)."""
+    """The rows of a pass, canvas ``lengths`` (A,) longest first, as contiguous groups: each split in two where the
+    positions (each group at its widest) are fewest, when that drops at least :data:`GROUPED` of its own."""
     A = len(lengths)
     if A < 2:
         return [slice(start, start + A)]

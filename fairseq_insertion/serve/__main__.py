@@ -51,8 +51,7 @@ def make_app(translator: Any, model_dir: Path, max_batch_size: int = 32, max_wai
         return web.json_response({"status": "ok", "model": str(model_dir), "settings_sha256": digest,
                                   "max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms,
                                   "max_lines": max_lines, "workers": workers, "requests": batcher.requests,
-                                  "translate_batch_calls": batcher.calls,
-                                  "batches_retried": batcher.retried})
+                                  "translate_batch_calls": batcher.calls, "batches_retried": batcher.retried})
 
     async def index(_: Any) -> Any:
         return web.Response(text=page, content_type="text/html")
