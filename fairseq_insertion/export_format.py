@@ -33,17 +33,31 @@ def source_names(layers: int) -> Tuple[str, ...]:
     return (*(f"keys_{i}" for i in range(layers)), *(f"values_{i}" for i in range(layers)))
 
 
-def graph_io(name: str, layers: int, shortlisted: bool = False) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+def cache_names(prefix: str, layers: int) -> Tuple[str, ...]:
+    """A cached decoder's keys and values of its cached ``layers``, as its graphs name them: ``prefix`` (``start``:
+    the encoder's outputs, ``past``: a pass's inputs, ``new``: its outputs) ``_keys_i``, then ``_values_i``."""
+    return (*(f"{prefix}_keys_{i}" for i in range(layers)), *(f"{prefix}_values_{i}" for i in range(layers)))
+
+
+def graph_io(name: str, layers: int, shortlisted: bool = False, cached: Optional[int] = None
+             ) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """The inputs and outputs of a graph of a model with ``layers`` decoder layers; ``shortlisted``: with a
-    shortlist (each sentence's list (B, L) and its rows of the projection (B, L, C), gathered by the encoder)."""
+    shortlist (each sentence's list (B, L) and its rows of the projection (B, L, C), gathered by the encoder);
+    ``cached``: the cached decoder's layers kept between passes (None: a plain decoder), whose cache the encoder
+    starts and a pass takes and returns."""
     listed = ("shortlist",) if shortlisted else ()
+    start = () if cached is None else (*cache_names("start", cached), "start_positions", "start_states")
     if name == ENCODER:
-        return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()))
+        return ("src_tokens", *listed), (*source_names(layers), *(("shortlist_weights",) if shortlisted else ()),
+                                         *start)
     if name == SCORER:
         return ("src_tokens", "rows", "target", "prev_tokens"), ("log_probs",)
+    past = () if cached is None else ("fresh_tokens", "left_positions", "right_positions", *cache_names("past", cached),
+                                      "past_mask", "past_states", "index")
+    new = () if cached is None else (*cache_names("new", cached), "new_positions", "new_states")
     return (("framed", *source_names(layers), "src_mask", "open_slots", *(f.name for f in FEEDS), "k",
-             *(("shortlist", "shortlist_weights") if shortlisted else ())),
-            ("tokens", "log_probs", "eos_log_probs", "location"))
+             *(("shortlist", "shortlist_weights") if shortlisted else ()), *past),
+            ("tokens", "log_probs", "eos_log_probs", "location", *new))
 
 
 # the pass graph's outputs after location when its model has a look-ahead closure (slots.ending_graph)
@@ -223,6 +237,8 @@ def check_model(settings: Mapping[str, Any], path: Path, source_size: int, targe
         checked[key] = where.integer(model, key, "model.", minimum=1)
     checked["termination"] = where.choice(model, "termination", TERMINATIONS, "model.")
     checked["precision"] = where.choice(model, "precision", offered("exported"), "model.")
+    if "cached_layers" in model:  # the cached decoder's (--cached-decoder)
+        checked["cached_layers"] = where.integer(model, "cached_layers", "model.", minimum=0)
     return checked
 
 
@@ -253,9 +269,10 @@ def _json_type(value: Any, kind: type) -> bool:
 
 
 # ---------------------------------------------------------------- the graphs
-def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = False) -> None:
+def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = False, cached: Optional[int] = None
+                   ) -> None:
     """The graph's input and output names are the export's."""
-    inputs, outputs = graph_io(path.name, layers, shortlisted)
+    inputs, outputs = graph_io(path.name, layers, shortlisted, cached)
     have = (tuple(i.name for i in session.get_inputs()), tuple(o.name for o in session.get_outputs()))
     if path.name == PASS and have[1] == outputs + LOOKAHEAD_OUTPUTS:  # a model with a look-ahead closure
         outputs = have[1]
@@ -265,14 +282,14 @@ def check_graph_io(path: Path, session: Any, layers: int, shortlisted: bool = Fa
 
 
 def check_graphs(model_dir: Path, encoder: Any, decoder_pass: Any, layers: int, vocab_sizes: Tuple[int, int],
-                 shortlisted: bool = False) -> None:
+                 shortlisted: bool = False, cached: Optional[int] = None) -> None:
     """Both graphs against each other, settings.json's decoder layers and shortlist and the vocabulary files."""
     keyed = sum(o.name.startswith("keys_") for o in encoder.get_outputs())
     if keyed and keyed != layers:
         raise TranslatorError(f"{model_dir / ENCODER}: keys for {keyed} decoder layers, {model_dir / SETTINGS} "
                               f"says model.decoder_layers {layers}")
-    check_graph_io(model_dir / ENCODER, encoder, layers, shortlisted)
-    check_graph_io(model_dir / PASS, decoder_pass, layers, shortlisted)
+    check_graph_io(model_dir / ENCODER, encoder, layers, shortlisted, cached)
+    check_graph_io(model_dir / PASS, decoder_pass, layers, shortlisted, cached)
     given = {o.name: o.shape for o in encoder.get_outputs()}  # (batch, heads, source, head dim) each
     for node in decoder_pass.get_inputs()[1:1 + 2 * layers]:
         if [node.shape[i] for i in (1, 3)] != [given[node.name][i] for i in (1, 3)]:

@@ -20,7 +20,6 @@ from . import slots as S
 from .config import CONSTRAINT_ORDERS, DECODINGS, DecodingConfig, DecodingError
 from .decoding import TORCH, WordEdges
 from .loop import Canvases
-from .pass_decoder import OPTION as CACHED_DECODER
 
 logger = logging.getLogger(__name__)
 
@@ -133,14 +132,12 @@ class InsertionGenerator:
             raise NotImplementedError("insertion decoding does not support --prefix-size")
         constraints = sample.get("constraints") if constraints is None else constraints
         cfg, model = self.config, models[0]
-        if constraints is not None and getattr(model, "incremental", False):
-            raise DecodingError(f"constraints: a model trained with {CACHED_DECODER} starts from the empty canvas "
-                                "(its tokens' positions come from their insertions); decode without constraints")
         if model.training:  # fairseq's CLIs and the hub already put it in eval mode
             model.eval()
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
-        init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2)
+        init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2,
+                                    bool(getattr(model, "incremental", False)))
         backend = self.backend(model, src_tokens, src_lengths)
         edges = self.word_edges.to(src_tokens.device)
         options = L.DecodeOptions(cfg, model.termination, self.bos, self.eos, self.pad, self.tgt_dict.unk(),
@@ -161,12 +158,12 @@ class InsertionGenerator:
         return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
                             beta("closure"), beta("lookahead"), bool(getattr(model, "incremental", False)))
 
-    def _start(self, sample, constraints, limit: int) -> Tuple[L.Start, Tensor]:
+    def _start(self, sample, constraints, limit: int, incremental: bool = False) -> Tuple[L.Start, Tensor]:
         """Each line's initial canvas and length limit (B,) (:func:`~fairseq_insertion.loop.prepare`); the lines
         that cannot be decoded (empty, or constraints over the limit) named."""
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         init = self._initial_canvas(constraints, src_tokens.size(0), src_tokens.device)
-        p = L.prepare(TORCH, src_lengths, init, self.config, limit, self.pad, constraints is not None)
+        p = L.prepare(TORCH, src_lengths, init, self.config, limit, self.pad, constraints is not None, incremental)
         self._report_inputs(sample, src_tokens, p.empty, src_tokens.eq(self.src_unk).sum(1), p.held.gt(0))
         if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
             self._report_unknown_constraints(sample, src_tokens, constraints)

@@ -15,9 +15,11 @@ from fairseq_insertion import canvas as C
 from fairseq_insertion import loop as L
 from fairseq_insertion import pass_decoder as PD
 from fairseq_insertion import slots as S
-from fairseq_insertion.config import DecodingError
+from fairseq_insertion.config import RUNTIME_OPTIONS, DecodingConfig, DecodingError
 from fairseq_insertion.decoding import TORCH
+from fairseq_insertion.export.files import export_model, load
 from fairseq_insertion.generator import InsertionGenerator, ModelBackend
+from fairseq_insertion.runtime import Translator
 from tests.test_fast_decoder import build as build_model
 from tests.utils import (
     generate_args,
@@ -258,13 +260,6 @@ def trained_recomputed(data, tmp_path_factory):
     return train(data, tmp_path_factory, *RECOMPUTED)
 
 
-def load(path, data):
-    from fairseq import checkpoint_utils
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
-    return models[0].eval(), task
-
-
 def decode(generator, model, src, max_len_b: int = 6):
     sample = {"net_input": src, "id": torch.arange(len(src["src_lengths"]))}
     generator.config = generator.config.replace(max_len_a=0.0, max_len_b=max_len_b)
@@ -313,6 +308,54 @@ def test_cli_and_hub_decode_counting_positions(trained, data):
     assert hub.translate([sources[i][0] for i in ids]) == [hyps[i][1] for i in ids]
 
 
+@pytest.fixture(scope="module")
+def exported(trained, trained_recomputed, data, tmp_path_factory):
+    """{fixture name: (model, task with its test split, the export's directory)} of both cached models."""
+    out = {}
+    for name, checkpoint in (("trained", trained), ("trained_recomputed", trained_recomputed)):
+        model, task = load(checkpoint, data)
+        task.load_dataset("test")
+        out[name] = model, task, export_model(model, task.source_dictionary, task.target_dictionary,
+                                              tmp_path_factory.mktemp(f"cached_export_{name}"))
+    return out
+
+
+RUNTIME_CONFIGS = {"parallel": dict(decoding="parallel", eos_penalty=0.5), "greedy": dict(decoding="greedy"),
+                   "candidates": dict(decoding="parallel", eos_penalties=(0.0, 2.0), first_insertions=2,
+                                      block_neighbour_copies=True)}
+
+
+@pytest.mark.parametrize("which", ["trained", "trained_recomputed"])
+@pytest.mark.parametrize("config", sorted(RUNTIME_CONFIGS))
+@pytest.mark.parametrize("batch", [1, 8, 12])
+def test_runtime_gives_the_generators_hypotheses(exported, which, config, batch):
+    """The export (the encoder starting the cache, the pass taking and returning it) on onnxruntime decodes as the
+    generator does, hypothesis for hypothesis and score for score, at batch 1, 8 and the whole test split."""
+    model, task, out = exported[which]
+    cfg = DecodingConfig(**RUNTIME_CONFIGS[config])
+    ds, gen = task.dataset("test"), InsertionGenerator(task.target_dictionary, cfg)
+    expected = {}
+    for start in range(0, len(ds), batch):
+        sample = ds.collater([ds[i] for i in range(start, min(start + batch, len(ds)))])
+        for i, hypos in zip(sample["id"].tolist(), gen.generate([model], sample)):
+            expected[i] = hypos[0]["tokens"][:-1].tolist(), float(hypos[0]["score"])
+    translator = Translator(out, intra_threads=1)
+    assert translator.cached_layers == len(PD.cached_layers(model.decoder))
+    opts = translator.options(**{k: getattr(cfg, k) for k in RUNTIME_OPTIONS})
+    got = translator.translate_ids([ds[i]["source"].numpy() for i in range(len(ds))], batch, opts)
+    assert [c.ids.tolist() for c, *_ in got] == [expected[i][0] for i in range(len(ds))]
+    assert any(len(expected[i][0]) > 1 for i in range(len(ds)))  # a second pass read the cache
+    torch.testing.assert_close(torch.tensor([c.score for c, *_ in got]),
+                               torch.tensor([expected[i][1] for i in range(len(ds))]), atol=1e-4, rtol=1e-4)
+    assert translator.stats["positions"] == gen.stats["positions"]  # each token run once, on both
+
+
+def test_runtime_refuses_constraints(exported):
+    translator = Translator(exported["trained"][2], intra_threads=1)
+    with pytest.raises(DecodingError, match="constraints: a model trained with --cached-decoder"):
+        translator.translate_batch([["w1"]], constraints=[[["w2"]]])
+
+
 def test_refusals(trained, data, tmp_path):
     model, task = load(trained, data)
     d = task.target_dictionary
@@ -320,10 +363,6 @@ def test_refusals(trained, data, tmp_path):
     constraints = torch.tensor([[d.nspecial + 1, d.eos()], [d.nspecial + 2, d.eos()]])
     with pytest.raises(DecodingError, match="constraints: a model trained with --cached-decoder"):
         InsertionGenerator(d).generate([model], {"net_input": src, "id": torch.arange(2)}, constraints=constraints)
-    from fairseq_insertion.export.files import ExportError, check_exportable
-
-    with pytest.raises(ExportError, match="this model has --cached-decoder$"):
-        check_exportable(model)
     proc = run(train_args(data, tmp_path / "l2r", "--cached-decoder", "--order", "left_to_right", "--max-update", "1",
                           "--disable-validation"), check=False)
     assert proc.returncode != 0 and "--cached-decoder trains on every pass" in proc.stderr

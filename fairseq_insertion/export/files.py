@@ -29,7 +29,9 @@ from ..export_format import (
     file_digests,
 )
 from ..fast_decoder import uncovered
+from ..pass_decoder import cached_layers
 from ..slots import Shortlist
+from .cached import cached_encoder_graph, cached_pass_graph
 from .graph import ExportError
 from .layers import encoder_graph, pass_graph, scorer_graph
 from .quantize import quantize
@@ -47,13 +49,11 @@ def check_exportable(model: nn.Module) -> None:
         unsupported.append("--context-bias")
     if getattr(model.decoder, "adaptive_softmax", None) is not None:
         unsupported.append("--adaptive-softmax-cutoff")
-    if getattr(model.decoder, "fractional", None) is not None:  # its pass would take and return the caches
-        unsupported.append("--cached-decoder")
     model.eval()
     unsupported += uncovered(model.decoder)
     if unsupported:
-        raise ExportError("the export covers the factorized slot head of plain pre- or post-norm Transformer layers "
-                          "that re-read the canvas each pass; this model has " + ", ".join(unsupported))
+        raise ExportError("the export covers the factorized slot head of plain pre- or post-norm Transformer layers; "
+                          "this model has " + ", ".join(unsupported))
 
 
 def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
@@ -77,9 +77,10 @@ def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> Non
     """Write ``encoder.onnx`` and ``pass.onnx`` (fp32, ``shortlisted``: taking each sentence's list) into ``out``."""
     check_exportable(model)
     model = model.float().eval()
+    cached = getattr(model.decoder, "fractional", None) is not None  # --cached-decoder: the pass takes the cache
     with torch.no_grad():
-        onnx.save(encoder_graph(model, shortlisted), str(out / ENCODER))
-        onnx.save(pass_graph(model, shortlisted), str(out / PASS))
+        onnx.save((cached_encoder_graph if cached else encoder_graph)(model, shortlisted), str(out / ENCODER))
+        onnx.save((cached_pass_graph if cached else pass_graph)(model, shortlisted), str(out / PASS))
 
 
 def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[str]) -> dict:
@@ -94,6 +95,8 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
             "precision": INT8_SCHEMES[int8].name if int8 else "fp32",
+            **({"cached_layers": len(cached_layers(model.decoder))}
+               if getattr(model.decoder, "fractional", None) is not None else {}),
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }

@@ -80,9 +80,10 @@ def _ffn(g: Graph, layer) -> Callable[[str], str]:
     return lambda h: _linear(g, _activation(g, _linear(g, h, layer.fc1), layer.activation_fn), layer.fc2)
 
 
-def _embed(g: Graph, tokens: str, keep: str, module, encoder: bool) -> str:
+def _embed(g: Graph, tokens: str, keep: str, module, encoder: bool, fractional: Optional[str] = None) -> str:
     """fairseq's token embedding x scale + positions (as make_positions: a table sliced by the canvas width would
-    cost onnxruntime its shape inference and the fusions) + embedding layer norm; tokens (A, T)."""
+    cost onnxruntime its shape inference and the fusions) + embedding layer norm; tokens (A, T); ``fractional``
+    (A, T, C): the cached decoder's position vectors, added where the table's would be."""
     weight = module.embed_tokens.weight
     if module.embed_scale != 1.0 and getattr(module, "project_in_dim", None) is None:
         weight = weight * module.embed_scale  # the scale folded into the table: the same products
@@ -104,6 +105,8 @@ def _embed(g: Graph, tokens: str, keep: str, module, encoder: bool) -> str:
         positions = g.op("Add", g.op("Mul", g.op("CumSum", kept, g.const(np.asarray(1, np.int64), "axis")), kept),
                          g.const(np.asarray(pad, np.int64), "pad"))
         x = g.op("Add", x, g.op("Gather", g.const(table, "positions"), positions))
+    if fractional is not None:
+        x = g.op("Add", x, fractional)
     if getattr(module, "layernorm_embedding", None) is not None:
         x = _layer_norm(g, x, module.layernorm_embedding)
     if noise is not None and encoder:
@@ -165,12 +168,14 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
     return x, keep
 
 
-def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
+def encoder_graph(model: nn.Module, shortlisted: bool = False,
+                  extra: Optional[Callable[[Graph, str], List["onnx.ValueInfoProto"]]] = None) -> "onnx.ModelProto":
     """src_tokens (B, S) -> every decoder layer's encoder-attention keys and values (B, heads, S, d); ``shortlisted``:
-    also ``shortlist`` (B, L) (V: padding) -> its projection rows ``shortlist_weights`` (B, L, C), 0 at padding."""
+    also ``shortlist`` (B, L) (V: padding) -> its projection rows ``shortlist_weights`` (B, L, C), 0 at padding;
+    ``extra(g, keep)``: more outputs (given where the sources are real (B, S)), their descriptions returned."""
     enc, dec = model.encoder, model.decoder
     g = Graph("insertion_encoder")
-    x, _ = _encode(g, enc)
+    x, keep = _encode(g, enc)
     L, H, d = len(dec.layers), dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
     names = source_names(L)
     _keys_values(g, x, dec.layers, names=names)
@@ -181,8 +186,9 @@ def encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelPro
         g.output("Gather", "shortlist_weights", g.const(padded, "output_projection"), "shortlist", axis=0)  # (B, L, C)
         listed_in = [_io("shortlist", TensorProto.INT64, ["batch", "listed"])]
         listed_out = [_io("shortlist_weights", TensorProto.FLOAT, ["batch", "listed", W.size(1)])]
+    more = [] if extra is None else extra(g, keep)
     return g.model([_io("src_tokens", TensorProto.INT64, ["batch", "source"]), *listed_in],
-                   [*(_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names), *listed_out],
+                   [*(_io(name, TensorProto.FLOAT, ["batch", H, "source", d]) for name in names), *listed_out, *more],
                    vocab_size=enc.embed_tokens.num_embeddings)
 
 
@@ -219,13 +225,19 @@ def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
 
 def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, inputs: Dict[str, str], k: str,
           shortlisted: bool = False) -> None:
-    """One decoding pass: the decoder over the ``framed`` canvases (A, W), the slot head at the ``open_slots`` (N,)
-    and the slot rule: writes ``tokens``, ``log_probs`` (N, k), ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
-    d = dec.dictionary
-    bos, eos, pad = d.bos(), d.eos(), d.pad()
+    """One decoding pass: the decoder over the ``framed`` canvases (A, W), then :func:`_slots`."""
     L = len(dec.layers)
     names = source_names(L)
     x, keep = _decode(g, dec, framed, list(zip(names[:L], names[L:])), "src_mask")  # (A, W, C)
+    _slots(g, dec, x, keep, open_slots, inputs, k, shortlisted)
+
+
+def _slots(g: Graph, dec: nn.Module, x: str, keep: str, open_slots: str, inputs: Dict[str, str], k: str,
+           shortlisted: bool = False) -> None:
+    """The slot head on the final states x (A, W, C), real where ``keep`` (A, W), at the ``open_slots`` (N,) and the
+    slot rule: writes ``tokens``, ``log_probs`` (N, k), ``eos_log_probs`` (N, 1) and ``location`` (A, W-1)."""
+    d = dec.dictionary
+    bos, eos, pad = d.bos(), d.eos(), d.pad()
     _, joins_next, joins_prev = word_edge_table(list(d.symbols), d.nspecial)
     rule = SlotRule.build((bos, pad, eos), eos, d.unk(), joins_next, joins_prev)
     head = slot_head(dec)

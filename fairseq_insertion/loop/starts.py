@@ -52,12 +52,16 @@ class Prepared(NamedTuple):
 
 
 def prepare(xp: Ops, src_lengths: Array, start: Start, config: DecodingConfig, limit: int, pad: int,
-            constrained: bool) -> Prepared:
+            constrained: bool, incremental: bool = False) -> Prepared:
     """Each line's start and length limit, from its source length ``src_lengths`` (B,) (the end-of-sentence marker
     counted, as fairseq counts it): ``max_len_a * length + max_len_b`` in float32, as fairseq's, at most ``limit``
     (the model's target positions less the frame's two). A source without a word is decoded from its constraints
     (its limit at least their length, at most ``limit``) or to an empty output. ``constrained``: the lines came with
-    constraints, which first insertions (branches from the empty canvas) refuse."""
+    constraints, which first insertions (branches from the empty canvas) and an ``incremental`` model (the cached
+    decoder: its tokens' positions come from their insertions) refuse."""
+    if constrained and incremental:
+        raise DecodingError("constraints: a model trained with --cached-decoder starts from the empty canvas (its "
+                            "tokens' positions come from their insertions); decode without constraints")
     if constrained and config.first_insertions > 1:
         raise DecodingError(f"{_name('first_insertions')} {config.first_insertions} branches from the empty canvas: "
                             "it applies to unconstrained decoding, not with constraints")

@@ -39,7 +39,7 @@ from ..preprocess import (
     prepare_line,
 )
 from ..slots import Shortlist, shortlist_rows
-from .backend import Constants, OnnxBackend, Source, session
+from .backend import Cache, CachedBackend, Constants, OnnxBackend, Source, session
 from .inputs import check_lines, check_providers, check_rows, check_source, check_tokens, count
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,10 @@ class Translator:
         unfused = PRECISIONS[m["precision"]].unfused
         self._encoder = session(ort, self.model_dir / F.ENCODER, so, providers, unfused)
         self._pass = session(ort, self.model_dir / F.PASS, so, providers, unfused)
+        self.cached_layers: Optional[int] = m.get("cached_layers")
+        """The cached decoder's layers kept between passes (``--cached-decoder``); None: a plain decoder."""
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
-                       (len(self.source_symbols), len(self.target_symbols)), shortlist is not None)
+                       (len(self.source_symbols), len(self.target_symbols)), shortlist is not None, self.cached_layers)
         self._shortlist: Optional[Shortlist] = None
         """The export's lexical shortlist (``export --shortlist``): each sentence's slots choose from its list."""
         if shortlist is not None:
@@ -131,7 +133,8 @@ class Translator:
         if scorer is not None:
             self._scorer = session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
-        self._source_names = F.source_names(m["decoder_layers"])
+        self._source_names = (*F.source_names(m["decoder_layers"]), "shortlist_weights")  # the latter: a shortlist's
+        self._encoder_outputs = [o.name for o in self._encoder.get_outputs()]
         self._constants = Constants()
         self._checked: set = set()  # the preprocessings translate_text has checked against the vocabulary
         self.stats: Dict[str, int] = L.new_stats()
@@ -260,7 +263,7 @@ class Translator:
         if constraints is not None and any(len(cs) for cs in constraints):
             start = L.constraint_canvas(L.NUMPY, L.pack(constraints), gap=self.pad, pad=self.pad)
         return L.prepare(L.NUMPY, lengths, start, opts, self.max_target_positions - 2, self.pad,
-                         constraints is not None)
+                         constraints is not None, self.cached_layers is not None)
 
     def too_long(self, ids: Sequence[np.ndarray]) -> np.ndarray:
         """(B,) whether each source id array is over the model's source positions (translated as empty)."""
@@ -310,10 +313,13 @@ class Translator:
         if self._shortlist is not None:
             shortlist = feeds["shortlist"] = shortlist_rows(self._shortlist, src, (self.bos, self.pad, self.eos,
                                                                                   self.unk), start.tokens)  # (B, L)
-        names = (*self._source_names, "shortlist_weights")  # the latter with a shortlist
-        source = Source({**dict(zip(names, self._encoder.run(None, feeds))),
-                         "src_mask": (src != self.src_pad).astype(np.int32)})
-        backend = OnnxBackend(self._pass, self._scorer, src, self._constants, self.eos, self.pad)
+        encoded = dict(zip(self._encoder_outputs, self._encoder.run(None, feeds)))
+        source: Any = Source({**{name: encoded[name] for name in self._source_names if name in encoded},
+                              "src_mask": (src != self.src_pad).astype(np.int32)})
+        kind = OnnxBackend if self.cached_layers is None else CachedBackend
+        backend = kind(self._pass, self._scorer, src, self._constants, self.eos, self.pad)
+        if self.cached_layers is not None:  # the memory: the source side and the cache of bos and eos
+            source = Cache.start(source, encoded, self.cached_layers)
         options = L.DecodeOptions(opts, self.termination, self.bos, self.eos, self.pad, self.unk,
                                   self._joins_next if self.word_scheme != "none" else None)
         found = L.decode(backend, source, start, max_len, options, record=_record if passes else None,

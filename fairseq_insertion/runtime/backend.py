@@ -10,7 +10,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import loop as L
-from ..export_format import TranslatorError
+from ..export_format import TranslatorError, cache_names
 from ..loop.rules import fed
 
 # a group of a pass's canvases runs its longer and its shorter ones apart where that drops at least this share of its
@@ -86,8 +86,8 @@ class OnnxBackend:
         values = [np.concatenate(v) for v in zip(*outs)]
         return L.SlotChoice(*values[:3], location, *values[3:])  # the look-ahead's ends and end_log_probs last
 
-    def _run(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice, k: int
-             ) -> List[np.ndarray]:
+    def _run(self, source: Source, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, rows: slice, k: int,
+             more: Optional[Dict[str, np.ndarray]] = None) -> List[np.ndarray]:
         # (N,) the open slots' flat indices, row-major as torch's masks (none to find when all are open)
         open_slots = np.arange(open_.size) if open_.all() else np.flatnonzero(open_)
         sources = source.inputs if rows == slice(None) else {name: v[rows] for name, v in source.inputs.items()}
@@ -95,7 +95,7 @@ class OnnxBackend:
         if inputs.shortlist is not None:
             feeds["shortlist"] = inputs.shortlist
         return self.session.run(None, {"framed": framed, **sources, "open_slots": open_slots, **feeds,
-                                       "k": np.asarray([k], np.int64)})
+                                       "k": np.asarray([k], np.int64), **(more or {})})
 
     def reorder(self, source: Source, keep: np.ndarray) -> Source:
         return source.take(keep)
@@ -115,6 +115,74 @@ class OnnxBackend:
         (log_probs,) = self.scorer.run(None, {"src_tokens": self.src, "rows": sentence[first], "target": target,
                                               "prev_tokens": prev})
         return log_probs[same.reshape(-1)]
+
+
+class Cache(NamedTuple):
+    """The cached decoder's memory (:class:`fairseq_insertion.pass_decoder.PassCache` in numpy), one row per active
+    sentence: the source side and M cached tokens (bos, eos, then each pass's insertions, padded) in cache order,
+    which the canvas order maps to by ``index``."""
+
+    source: Source
+    kv: Tuple[np.ndarray, ...]  # each cached layer's keys (A, heads, M, d), then their values
+    positions: np.ndarray  # (A, M, C) each cached token's position vector
+    states: np.ndarray  # (A, M, C) its cached layers' states
+    real: np.ndarray  # (A, M) int32 the cached tokens (0: padding)
+    index: np.ndarray  # (A, T + 2) each column of the last framed canvas -> its cache column (-1: padding)
+
+    @classmethod
+    def start(cls, source: Source, encoded: Dict[str, np.ndarray], layers: int) -> "Cache":
+        """The cache the encoder graph gives: bos and eos."""
+        B = len(encoded["start_states"])
+        return cls(source, tuple(encoded[name] for name in cache_names("start", layers)), encoded["start_positions"],
+                   encoded["start_states"], np.ones((B, 2), np.int32), np.tile(np.arange(2), (B, 1)))
+
+    def take(self, idx: np.ndarray) -> "Cache":
+        t = lambda a: np.take(a, idx, axis=0)  # noqa: E731
+        return Cache(self.source.take(idx), tuple(map(t, self.kv)), *map(t, self[2:]))
+
+
+@dataclass(frozen=True)
+class CachedBackend(OnnxBackend):
+    """The cached decoder's pass graph: a pass computes the fresh tokens' states (those the last pass inserted)
+    against the cache, which it returns grown by them (:func:`fairseq_insertion.export.cached.cached_pass_graph`)."""
+
+    incremental: bool = True
+
+    def score_slots(self, memory: Cache, framed: np.ndarray, open_: np.ndarray, inputs: L.SlotInputs, k: int,
+                    fresh: Optional[np.ndarray] = None) -> L.SlotChoice:
+        A, W = framed.shape
+        fresh = np.zeros(framed.shape, bool) if fresh is None else fresh  # (A, W)
+        M, layers = memory.real.shape[1], len(memory.kv) // 2
+        index = np.full((A, W), -1, np.int64)
+        index[(framed != self.pad) & ~fresh] = memory.index[memory.index >= 0]  # the cached tokens, in canvas order
+        rank = np.cumsum(fresh, 1) - 1  # (A, W) each fresh token's column among its row's
+        index = np.where(fresh, M + rank, index)  # the fresh ones appended in canvas order
+        F = max(int(rank[:, -1].max(initial=-1)) + 1, 1)  # a pass without one runs a padding token
+        rows, cols = np.nonzero(fresh)
+        at = (rows, rank[rows, cols])
+        tokens = np.full((A, F), self.pad, np.int64)
+        tokens[at] = framed[rows, cols]
+        neighbours = []  # the fresh tokens' left and right neighbours' position vectors (A, F, C), both cached
+        for side in (cols - 1, cols + 1):
+            p = np.zeros((A, F, memory.positions.shape[2]), np.float32)
+            p[at] = memory.positions[rows, index[rows, side]]
+            neighbours.append(p)
+        more = {"fresh_tokens": tokens, "left_positions": neighbours[0], "right_positions": neighbours[1],
+                **dict(zip(cache_names("past", layers), memory.kv)), "past_mask": memory.real,
+                "past_states": memory.states, "index": np.maximum(index, 0)}
+        out = dict(zip([o.name for o in self.session.get_outputs()],
+                       self._run(memory.source, framed, open_, inputs, slice(None), k, more)))
+        grown = Cache(memory.source, tuple(np.concatenate([a, out[name]], 2) for a, name in
+                                           zip(memory.kv, cache_names("new", layers))),
+                      np.concatenate([memory.positions, out["new_positions"]], 1),
+                      np.concatenate([memory.states, out["new_states"]], 1),
+                      np.concatenate([memory.real, (tokens != self.pad).astype(np.int32)], 1), index)
+        ahead = [out[name].reshape(-1) for name in ("ends", "end_log_probs") if name in out]
+        return L.SlotChoice(out["tokens"], out["log_probs"], out["eos_log_probs"], out["location"], *ahead,
+                            memory=grown)
+
+    def reorder(self, memory: Cache, keep: np.ndarray) -> Cache:
+        return memory.take(keep)
 
 
 def width_groups(lengths: np.ndarray, start: int = 0) -> List[slice]:
