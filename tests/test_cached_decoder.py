@@ -350,6 +350,20 @@ def test_runtime_gives_the_generators_hypotheses(exported, which, config, batch)
     assert translator.stats["positions"] == gen.stats["positions"]  # each token run once, on both
 
 
+@pytest.mark.parametrize("scheme", ["per-row", "dynamic"])
+def test_int8_exports_decode_as_fp32_mostly(exported, scheme, tmp_path):
+    """int8 (either scheme) quantizes the cached pass's products too; it decodes every line, mostly as fp32."""
+    model, task, out = exported["trained_recomputed"]
+    ds = task.dataset("test")
+    ids = [ds[i]["source"].numpy() for i in range(len(ds))]
+    int8 = Translator(export_model(model, task.source_dictionary, task.target_dictionary, tmp_path, int8=scheme),
+                      intra_threads=1)
+    fp32 = Translator(out, intra_threads=1)
+    got, expected = ([c.ids.tolist() for c, *_ in t.translate_ids(ids, 5, t.options())] for t in (int8, fp32))
+    assert int8.settings["model"]["precision"] != "fp32" and any(len(e) > 1 for e in expected)
+    assert sum(g == e for g, e in zip(got, expected)) >= len(ids) // 2
+
+
 def test_runtime_refuses_constraints(exported):
     translator = Translator(exported["trained"][2], intra_threads=1)
     with pytest.raises(DecodingError, match="constraints: a model trained with --cached-decoder"):
