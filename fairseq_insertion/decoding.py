@@ -19,64 +19,38 @@ from . import loop as L
 class TorchOps:
     """:class:`fairseq_insertion.loop.Ops` for torch tensors (the PyTorch generator), on their device."""
 
-    def arange(self, n: int, like: Tensor) -> Tensor:
-        return torch.arange(n, device=like.device)
+    def arange(self, n: int, like: Tensor) -> Tensor: return torch.arange(n, device=like.device)
 
     def full(self, shape, value, like: Tensor) -> Tensor:
         return torch.full(shape, value, dtype=like.dtype, device=like.device)
 
-    def where(self, cond, a, b) -> Tensor:
-        return torch.where(cond, a, b)
-
-    def concat(self, arrays, axis: int) -> Tensor:
-        return torch.cat(list(arrays), axis)
+    def where(self, cond, a, b) -> Tensor: return torch.where(cond, a, b)
+    def concat(self, arrays, axis: int) -> Tensor: return torch.cat(list(arrays), axis)
 
     def argsort(self, x: Tensor, descending: bool = False) -> Tensor:
         return x.argsort(dim=-1, descending=descending, stable=True)
 
-    def long(self, x: Tensor) -> Tensor:
-        return x.long()
-
-    def cast(self, x: Tensor, like: Tensor) -> Tensor:
-        return x.to(like.dtype)
-
-    def put(self, out: Tensor, index: Tensor, values) -> Tensor:
-        return out.scatter_(1, index, values)
-
-    def gather(self, x: Tensor, index: Tensor) -> Tensor:
-        return x.gather(1, index)
+    def long(self, x: Tensor) -> Tensor: return x.long()
+    def cast(self, x: Tensor, like: Tensor) -> Tensor: return x.to(like.dtype)
+    def put(self, out: Tensor, index: Tensor, values) -> Tensor: return out.scatter_(1, index, values)
+    def gather(self, x: Tensor, index: Tensor) -> Tensor: return x.gather(1, index)
 
     def masked_put(self, mask: Tensor, values: Tensor, fill) -> Tensor:
         return torch.full(mask.shape, fill, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
-    def amax(self, x: Tensor, axis: int) -> Tensor:
-        return x.amax(axis)
-
-    def log(self, x: Tensor) -> Tensor:
-        return x.log()
-
-    def permute(self, x: Tensor, dims) -> Tensor:
-        return x.permute(dims)
-
-    def asarray(self, x, like: Tensor) -> Tensor:
-        return torch.as_tensor(x, device=like.device)
-
-    def host(self, *scalars: Tensor):
-        return torch.stack(list(scalars)).tolist()
-
-    def might(self, cond: Tensor) -> bool:
-        return True  # knowing would cost a round trip to the device
-
-    def searchsorted(self, sorted_: Tensor, values: Tensor) -> Tensor:
-        return torch.searchsorted(sorted_, values)
+    def amax(self, x: Tensor, axis: int) -> Tensor: return x.amax(axis)
+    def log(self, x: Tensor) -> Tensor: return x.log()
+    def permute(self, x: Tensor, dims) -> Tensor: return x.permute(dims)
+    def asarray(self, x, like: Tensor) -> Tensor: return torch.as_tensor(x, device=like.device)
+    def host(self, *scalars: Tensor): return torch.stack(list(scalars)).tolist()
+    def might(self, cond: Tensor) -> bool: return True  # knowing would cost a round trip to the device
+    def searchsorted(self, sorted_: Tensor, values: Tensor) -> Tensor: return torch.searchsorted(sorted_, values)
 
 
 TORCH = TorchOps()
 
 
 # ---------------------------------------------------------------- word edges
-
-
 class WordEdges(NamedTuple):
     """Which dictionary entries glue onto a neighbour in the post-processed text, so that a
     constraint can be kept whole words (the schemes: :func:`fairseq_insertion.loop.word_edge_table`;

@@ -189,15 +189,6 @@ def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target
     return layers(decoder, x, pass_mask(levels, framed.size(1) - 1), enc, span=cached_layers(decoder))[0]
 
 
-def canvas_states(decoder: nn.Module, framed: Tensor, levels: Tensor, enc: EncoderCache) -> Tensor:
-    """The final states (A, T + 2, C) of framed canvases (A, T + 2) whose tokens were inserted by the passes
-    ``levels`` (A, T + 2) (bos and eos -1, padding T + 1), computed whole: the cached layers under the pass mask,
-    the recomputed ones over the canvas."""
-    real = framed.ne(decoder.padding_idx)
-    states = trajectory_states(decoder, framed, levels, real.sum(1) - 2, enc)
-    return recomputed(decoder, states, real, enc)
-
-
 class TrajectorySlots(NamedTuple):
     """The canvases of every pass of a batch's trajectories, one row each (R of them)."""
 

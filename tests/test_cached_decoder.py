@@ -53,6 +53,15 @@ def targets(d, lengths: List[int], seed: int = 0):
     return y.masked_fill(torch.arange(N) >= n.unsqueeze(1), d.pad()), n
 
 
+def canvas_states(decoder, framed, levels, enc):
+    """The final states (A, T + 2, C) of framed canvases (A, T + 2) whose tokens were inserted by the passes
+    ``levels`` (A, T + 2) (bos and eos -1, padding T + 1), computed whole: the cached layers under the pass mask,
+    the recomputed ones over the canvas."""
+    real = framed.ne(decoder.padding_idx)
+    states = PD.trajectory_states(decoder, framed, levels, real.sum(1) - 2, enc)
+    return PD.recomputed(decoder, states, real, enc)
+
+
 def reference_states(model, src, y, n) -> List[torch.Tensor]:
     """Each sentence's final states of its framed target, computed alone by fairseq's decoder layers with an additive
     pass mask (none in the top ``--recomputed-layers``), the positions built token by token in Python: (n + 2, C)
@@ -100,7 +109,7 @@ def test_pass_mask_forward_matches_fairseq_layers(data, flags):
     with torch.no_grad():
         framed = L.frame(TORCH, y, n, d.bos(), d.eos(), d.pad())
         enc = model.encoder(src["src_tokens"], src_lengths=src["src_lengths"])
-        states = PD.canvas_states(model.decoder, framed, PD.framed_levels(n, y.size(1)),
+        states = canvas_states(model.decoder, framed, PD.framed_levels(n, y.size(1)),
                                   PD.encoder_side(model.decoder, enc))
         expected = reference_states(model, src, y, n)
     for b, ref in enumerate(expected):
@@ -226,7 +235,7 @@ class Recompute(ModelBackend):
         levels = torch.full_like(framed, width).masked_scatter(real & ~fresh, before[before.ge(-1)])
         levels = torch.where(fresh, torch.full_like(framed, t), levels)
         decoder = self.model.decoder
-        states = PD.canvas_states(decoder, framed, levels, enc)
+        states = canvas_states(decoder, framed, levels, enc)
         H = decoder.pair_slots(states)  # (A, S, C)
         content, location = decoder.head(H, real[:, 1:], decoder.output_layer, open_)
         location = location.masked_fill(~real[:, 1:], float("-inf")).log_softmax(-1)

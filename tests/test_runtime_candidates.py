@@ -173,7 +173,7 @@ def test_command_lines_export_the_scorer_and_translate_with_candidates(setup, tm
     proc = run_module("fairseq_insertion.runtime", "translate", out, "--eos-penalties", "2,4", stdin="\n".join(lines))
     assert proc.returncode == 0, proc.stderr
     translator = Translator(out, intra_threads=1)
-    assert translator.has_scorer
+    assert translator._scorer is not None
     expected = [" ".join(r.hypotheses[0]) for r in translator.translate_batch([x.split() for x in lines],
                                                                                  eos_penalties=(2.0, 4.0))]
     assert proc.stdout.split("\n")[:-1] == expected

@@ -63,33 +63,19 @@ class Ops(Protocol):
 class NumpyOps:
     """:class:`Ops` for numpy (the deployment runtime)."""
 
-    def arange(self, n: int, like: Array) -> Array:
-        return np.arange(n)
-
-    def full(self, shape, value, like):
-        return np.full(shape, value, dtype=like.dtype)
-
-    def where(self, cond, a, b):
-        return np.where(cond, a, b)
-
-    def concat(self, arrays, axis):
-        return np.concatenate(arrays, axis)
-
-    def argsort(self, x, descending=False):
-        return np.argsort(-x if descending else x, axis=-1, kind="stable")
-
-    def long(self, x):
-        return x.astype(np.int64)
-
-    def cast(self, x, like):
-        return x.astype(like.dtype, copy=False)
+    def arange(self, n: int, like: Array) -> Array: return np.arange(n)
+    def full(self, shape, value, like): return np.full(shape, value, dtype=like.dtype)
+    def where(self, cond, a, b): return np.where(cond, a, b)
+    def concat(self, arrays, axis): return np.concatenate(arrays, axis)
+    def argsort(self, x, descending=False): return np.argsort(-x if descending else x, axis=-1, kind="stable")
+    def long(self, x): return x.astype(np.int64)
+    def cast(self, x, like): return x.astype(like.dtype, copy=False)
 
     def put(self, out, index, values):
         out[np.arange(out.shape[0])[:, None], index] = values
         return out
 
-    def gather(self, x, index):
-        return np.take_along_axis(x, index, 1)
+    def gather(self, x, index): return np.take_along_axis(x, index, 1)
 
     def masked_put(self, mask, values, fill):
         if values.size == mask.size:  # every slot open: no scatter
@@ -98,26 +84,13 @@ class NumpyOps:
         out[mask] = values
         return out
 
-    def amax(self, x, axis):
-        return x.max(axis)
-
-    def log(self, x):
-        return np.log(x)
-
-    def permute(self, x, dims):
-        return x.transpose(dims)
-
-    def asarray(self, x, like):
-        return x
-
-    def host(self, *scalars):
-        return [int(s) for s in scalars]
-
-    def might(self, cond):
-        return bool(cond.any())
-
-    def searchsorted(self, sorted_, values):
-        return np.searchsorted(sorted_, values)
+    def amax(self, x, axis): return x.max(axis)
+    def log(self, x): return np.log(x)
+    def permute(self, x, dims): return x.transpose(dims)
+    def asarray(self, x, like): return x
+    def host(self, *scalars): return [int(s) for s in scalars]
+    def might(self, cond): return bool(cond.any())
+    def searchsorted(self, sorted_, values): return np.searchsorted(sorted_, values)
 
 
 NUMPY = NumpyOps()

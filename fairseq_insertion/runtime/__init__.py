@@ -148,11 +148,6 @@ class Translator:
             traces["scorer"] = self._scorer.end_profiling()
         return traces
 
-    @property
-    def has_scorer(self) -> bool:
-        """Whether the export holds a scorer (``export --rerank-with``) that orders the candidates."""
-        return self._scorer is not None
-
     def translate_batch(self, source: Sequence[Sequence[str]], max_batch_size: int = 0,
                         constraints: Optional[Sequence[Sequence[Sequence[str]]]] = None, num_hypotheses: int = 1,
                         return_passes: bool = False, **options: Any) -> List[TranslationResult]:
