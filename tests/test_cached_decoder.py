@@ -402,3 +402,60 @@ def test_training_on_sampled_trajectories(data, tmp_path):
                           "--max-update", "3", "--disable-validation", "--no-epoch-checkpoints"))
     losses = [float(x) for x in re.findall(r"\| loss ([0-9.]+)", proc.stdout + proc.stderr)]
     assert losses and all(0 < x < 100 for x in losses)
+
+
+@pytest.fixture(scope="module")
+def with_heads(trained_recomputed, data, tmp_path_factory):
+    """The top-layer-recomputed model with the slot-closure head and the look-ahead closure
+    (``python -m examples.train_closure``), and its task with the test split."""
+    import subprocess
+    import sys
+
+    from fairseq import checkpoint_utils
+
+    from tests.utils import REPO
+
+    out = tmp_path_factory.mktemp("cached_heads") / "heads.pt"
+    cmd = [sys.executable, "-m", "examples.train_closure", "--path", trained_recomputed, "--data", data, "--out", out,
+           "--eos-penalty", "0.5", "--sentences", "300", "--threshold", "0.6", "--lookahead-threshold", "0.6",
+           "--post-process", "none"]
+    proc = subprocess.run(list(map(str, cmd)), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(out)], arg_overrides={"data": str(data)})
+    task.load_dataset("test")
+    return models[0].eval(), task
+
+
+@pytest.mark.parametrize("options", [dict(decoding="parallel"), dict(decoding="greedy"),
+                                     dict(decoding="parallel", block_neighbour_copies=True, first_insertions=2)])
+@pytest.mark.parametrize("batch", [1, 12])
+def test_closure_heads_on_the_cached_decoder(with_heads, options, batch, tmp_path):
+    """Both closure heads trained on a cached model close slots in its cached decode, and its export on the runtime
+    decodes as the generator does with them."""
+    from tests.test_closure import runtime_matches_generator
+
+    model, task = with_heads
+    assert model.decoder.closure is not None and model.decoder.lookahead is not None
+    config = DecodingConfig(eos_penalty=0.5, **options)
+    translator = runtime_matches_generator(model, task, config, batch, tmp_path / "e")
+    assert translator.cached_layers == len(PD.cached_layers(model.decoder))
+
+
+def test_closure_heads_cut_the_cached_decoders_work(with_heads):
+    """The closure head scores fewer vocabulary rows, the look-ahead spends fewer idle passes."""
+    model, task = with_heads
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(len(ds))])
+    stats = []
+    heads = model.decoder.closure, model.decoder.lookahead
+    try:
+        for closure, lookahead in (heads, (None, None)):
+            model.decoder.closure, model.decoder.lookahead = closure, lookahead
+            gen = InsertionGenerator(task.target_dictionary, DecodingConfig(eos_penalty=0.5))
+            with torch.no_grad():
+                gen.generate([model], sample)
+            stats.append(gen.stats)
+    finally:
+        model.decoder.closure, model.decoder.lookahead = heads
+    (ahead, plain), idle = stats, lambda s: s["sentence_passes"] - s["iterations"]  # noqa: E731
+    assert ahead["vocabulary_rows"] < plain["vocabulary_rows"] and idle(ahead) < idle(plain) and plain["tokens"] > 0
