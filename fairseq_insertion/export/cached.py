@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 from torch import nn
 
 from ..export_format import cache_names, source_names
@@ -22,13 +22,13 @@ from .layers import (
     _embed,
     _ffn,
     _layer,
-    _layer_norm,
     _linear,
     _mask,
-    _self_attention,
     _slots,
-    _source_inputs,
+    _stack,
+    _top,
     encoder_graph,
+    pass_io,
 )
 
 FloatKV = List[Tuple[str, str]]
@@ -67,12 +67,6 @@ def _fresh(g: Graph, dec: nn.Module, tokens: str, positions: str, past: Optional
                                                                                  src_mask),
             "ffn": _ffn(g, layer)})
     return (_top(g, dec, x) if span.stop == L else x), new
-
-
-def _top(g: Graph, dec: nn.Module, x: str) -> str:
-    """The decoder's final layer norm and output dimension projection."""
-    x = _layer_norm(g, x, dec.layer_norm)
-    return x if dec.project_out_dim is None else _linear(g, x, dec.project_out_dim)
 
 
 def cached_encoder_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
@@ -135,33 +129,15 @@ def cached_pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.Mode
     x = g.op("GatherElements", every, at, axis=1)  # (A, W, C) the canvas's states
     keep = g.op("Not", g.op("Equal", "framed", g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, W)
     if dec.recomputed:
-        mask, names, L = _mask(g, keep), source_names(len(dec.layers)), len(dec.layers)
-        for i in range(n, L):
-            layer = dec.layers[i]
-            x = _layer(g, x, layer, {
-                "self_attn": lambda h, a=layer.self_attn: _self_attention(g, h, a, mask),
-                "encoder_attn": lambda h, a=layer.encoder_attn, i=i: _cross_attention(g, h, a, names[i],
-                                                                                     names[L + i], "src_mask"),
-                "ffn": _ffn(g, layer)})
-        x = _top(g, dec, x)
+        names, L = source_names(len(dec.layers)), len(dec.layers)
+        x = _top(g, dec, _stack(g, dec, x, range(n, L), list(zip(names[:L], names[L:])), _mask(g, keep), "src_mask"))
     _slots(g, dec, x, keep, "open_slots", {f.name: f.name for f in FEEDS}, "k", shortlisted)
-    listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
-              _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []
-    ahead = [_io("ends", TensorProto.BOOL, ["open", 1]), _io("end_log_probs", TensorProto.FLOAT, ["open", 1])] \
-        if getattr(dec, "lookahead", None) is not None else []
+    inputs, outputs = pass_io(dec, shortlisted)
     return g.model(
-        [_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
-         _io("open_slots", TensorProto.INT64, ["open"]),
-         *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
-         _io("k", TensorProto.INT64, [1]), *listed,
-         _io("fresh_tokens", TensorProto.INT64, ["rows", "fresh"]),
+        [*inputs, _io("fresh_tokens", TensorProto.INT64, ["rows", "fresh"]),
          _io("left_positions", TensorProto.FLOAT, ["rows", "fresh", C]),
          _io("right_positions", TensorProto.FLOAT, ["rows", "fresh", C]),
          *_cache_io(dec, "past", "rows", "cached")[:2 * n], _io("past_mask", TensorProto.INT32, ["rows", "cached"]),
          _io("past_states", TensorProto.FLOAT, ["rows", "cached", C]),
          _io("index", TensorProto.INT64, ["rows", "width"])],
-        [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
-         _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"]),
-         *_cache_io(dec, "new", "rows", "fresh"), *ahead],
-        vocab_size=len(dec.dictionary))
-
+        [*outputs[:4], *_cache_io(dec, "new", "rows", "fresh"), *outputs[4:]], vocab_size=len(dec.dictionary))

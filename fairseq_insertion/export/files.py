@@ -77,7 +77,7 @@ def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> Non
     """Write ``encoder.onnx`` and ``pass.onnx`` (fp32, ``shortlisted``: taking each sentence's list) into ``out``."""
     check_exportable(model)
     model = model.float().eval()
-    cached = getattr(model.decoder, "fractional", None) is not None  # --cached-decoder: the pass takes the cache
+    cached = model.incremental  # --cached-decoder: the pass takes the cache
     with torch.no_grad():
         onnx.save((cached_encoder_graph if cached else encoder_graph)(model, shortlisted), str(out / ENCODER))
         onnx.save((cached_pass_graph if cached else pass_graph)(model, shortlisted), str(out / PASS))
@@ -95,8 +95,7 @@ def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[
             "max_target_positions": int(model.max_decoder_positions()),
             "decoder_layers": len(model.decoder.layers),
             "precision": INT8_SCHEMES[int8].name if int8 else "fp32",
-            **({"cached_layers": len(cached_layers(model.decoder))}
-               if getattr(model.decoder, "fractional", None) is not None else {}),
+            **({"cached_layers": len(cached_layers(model.decoder))} if model.incremental else {}),
         },
         "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
     }

@@ -156,16 +156,26 @@ def _decode(g: Graph, dec: nn.Module, tokens: str, keys_values: Sequence[Tuple[s
     S, d) each masked by src_mask (A, S): its final states (A, T, C) and where the tokens are real (A, T)."""
     keep = g.op("Not", g.op("Equal", tokens, g.const(np.asarray(dec.padding_idx, np.int64), "pad")))  # (A, T)
     x = _embed(g, tokens, keep, dec, encoder=False)  # (A, T, C)
-    mask = _mask(g, keep)
-    for layer, (k, v) in zip(dec.layers, keys_values):
+    return _top(g, dec, _stack(g, dec, x, range(len(dec.layers)), keys_values, _mask(g, keep), src_mask, causal)), keep
+
+
+def _stack(g: Graph, dec: nn.Module, x: str, layers: range, keys_values: Sequence[Tuple[str, str]], mask: str,
+           src_mask: str, causal: bool = False) -> str:
+    """The decoder's ``layers`` on x (A, T, C), self-attention masked by ``mask``, layer i attending to
+    ``keys_values[i]`` masked by src_mask."""
+    for i in layers:
+        layer, (k, v) = dec.layers[i], keys_values[i]
         x = _layer(g, x, layer, {
             "self_attn": lambda h, a=layer.self_attn: _self_attention(g, h, a, mask, causal),
             "encoder_attn": lambda h, a=layer.encoder_attn, k=k, v=v: _cross_attention(g, h, a, k, v, src_mask),
             "ffn": _ffn(g, layer)})
+    return x
+
+
+def _top(g: Graph, dec: nn.Module, x: str) -> str:
+    """The decoder's final layer norm and output dimension projection."""
     x = _layer_norm(g, x, dec.layer_norm)
-    if dec.project_out_dim is not None:
-        x = _linear(g, x, dec.project_out_dim)
-    return x, keep
+    return x if dec.project_out_dim is None else _linear(g, x, dec.project_out_dim)
 
 
 def encoder_graph(model: nn.Module, shortlisted: bool = False,
@@ -276,19 +286,23 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
     dec = model.decoder
     g = Graph("insertion_pass")
     _pass(g, dec, "framed", "open_slots", {f.name: f.name for f in FEEDS}, "k", shortlisted)
+    return g.model(*pass_io(dec, shortlisted), vocab_size=len(dec.dictionary))
+
+
+def pass_io(dec: nn.Module, shortlisted: bool) -> Tuple[List["onnx.ValueInfoProto"], List["onnx.ValueInfoProto"]]:
+    """The pass graph's inputs and outputs (:func:`pass_graph`)."""
     C = dec.output_projection.weight.size(1)
     listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
               _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []
-    return g.model(
-        [_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
-         _io("open_slots", TensorProto.INT64, ["open"]),
-         *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
-         _io("k", TensorProto.INT64, [1]), *listed],
-        [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
-         _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]), _io("location", TensorProto.FLOAT, ["rows", "slots"]),
-         *([_io("ends", TensorProto.BOOL, ["open", 1]), _io("end_log_probs", TensorProto.FLOAT, ["open", 1])]
-           if getattr(dec, "lookahead", None) is not None else [])],
-        vocab_size=len(dec.dictionary))
+    return ([_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
+             _io("open_slots", TensorProto.INT64, ["open"]),
+             *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
+             _io("k", TensorProto.INT64, [1]), *listed],
+            [_io("tokens", TensorProto.INT64, ["open", "k"]), _io("log_probs", TensorProto.FLOAT, ["open", "k"]),
+             _io("eos_log_probs", TensorProto.FLOAT, ["open", 1]),
+             _io("location", TensorProto.FLOAT, ["rows", "slots"]),
+             *([_io("ends", TensorProto.BOOL, ["open", 1]), _io("end_log_probs", TensorProto.FLOAT, ["open", 1])]
+               if getattr(dec, "lookahead", None) is not None else [])])
 
 
 def _slot_head(g: Graph, x: str, keep: str, head: SlotHeadWeights, open_slots: str, shortlisted: bool = False,
