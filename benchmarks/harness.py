@@ -130,7 +130,7 @@ class Fairseq(Engine):
         if nat and getattr(cfg.model, "arch", None) == "insertion_transformer":  # the plugin holds fairseq's name
             model = FairseqNAT.build_model(cfg.model, self.task)
         else:
-            model = self.task.build_model(cfg.model)
+            model = self.task.build_model(cfg.model, from_checkpoint=True)
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
         options = {"max_len_a": where.max_len[0], "max_len_b": where.max_len[1], **system.options}
         self.model = model.float().eval().to(where.device)

@@ -260,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s", stream=sys.stderr)
     state = checkpoint_utils.load_checkpoint_to_cpu(args.path, {"data": args.data})
     task = tasks.setup_task(state["cfg"].task)
-    model = task.build_model(state["cfg"].model)
+    model = task.build_model(state["cfg"].model, from_checkpoint=True)
     model.load_state_dict({k: v for k, v in state["model"].items() if not k.startswith((PREFIX, LOOKAHEAD))},
                           strict=True)
     model.decoder.closure = model.decoder.lookahead = None

@@ -4,11 +4,14 @@ checkpoint trained on the same data directory."""
 import logging
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from tests.utils import (
+    REPO,
     build_task,
     generate_args,
     parse_generate,
@@ -165,7 +168,8 @@ def test_missing_or_wrong_file_is_refused(data, teacher, tmp_path):
 
 
 def test_trained_checkpoint_needs_no_teacher_and_resume_does_not_reapply(data, teacher, tmp_path):
-    """Warm-started training (with 2 canvases per sentence), then generate, hub and resume with the teacher gone."""
+    """Warm-started training (with 2 canvases per sentence), then generate, hub, the closure heads' training and
+    resume with the teacher gone."""
     own_teacher = tmp_path / "teacher.pt"
     shutil.copy(teacher, own_teacher)
     save = tmp_path / "ckpt"
@@ -185,6 +189,11 @@ def test_trained_checkpoint_needs_no_teacher_and_resume_does_not_reapply(data, t
     hub = InsertionTransformerModel.from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
                                                     data_name_or_path=str(data / "bin"))
     assert len(hub.translate(["w1 w2 w3", "w4 w5"])) == 2
+    closure = subprocess.run(
+        [sys.executable, "-m", "examples.train_closure", "--path", str(save / "checkpoint_last.pt"), "--data",
+         str(data / "bin"), "--out", str(tmp_path / "heads.pt"), "--eos-penalty", "0.5", "--sentences", "20",
+         "--threshold", "0.6", "--no-lookahead", "--post-process", "none"], cwd=REPO, capture_output=True, text=True)
+    assert closure.returncode in (0, 3) and "slots of 20 sentences" in closure.stderr, closure.stderr[-3000:]
 
     log = (lambda p: p.stdout + p.stderr)(run([*cmd, "--max-update", "6"]))
     assert f"--init-from-transformer {own_teacher} not applied: resuming from {save}/checkpoint_last.pt" in log
