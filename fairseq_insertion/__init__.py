@@ -8,15 +8,12 @@ the standard library: :mod:`fairseq_insertion.runtime` runs exported models with
 
 import importlib.util
 
+try:
+    _FAIRSEQ = importlib.util.find_spec("fairseq") is not None
+except (ImportError, ValueError):  # e.g. sys.modules["fairseq"] = None
+    _FAIRSEQ = False
 
-def _fairseq_installed() -> bool:
-    try:
-        return importlib.util.find_spec("fairseq") is not None
-    except (ImportError, ValueError):  # e.g. sys.modules["fairseq"] = None
-        return False
-
-
-if _fairseq_installed():
+if _FAIRSEQ:
     import argparse
 
     import torch

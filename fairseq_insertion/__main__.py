@@ -52,7 +52,6 @@ class _Recorder:
 
 
 def options_of(add_args: Callable[[Any], None]) -> List[str]:
-    """The option strings ``add_args(parser)`` adds, in order."""
     recorder = _Recorder()
     add_args(recorder)
     return recorder.options
@@ -73,21 +72,6 @@ def components(package: str = __package__ or "fairseq_insertion") -> List[Compon
     for kind, registry in REGISTRIES.items():
         found += [Component(kind, [name], cls) for name, cls in ours(registry["registry"])]
     return found
-
-
-def fairseq_base(cls: type, package: str = __package__ or "fairseq_insertion") -> Optional[type]:
-    """The nearest class ``cls`` extends that is not the package's own."""
-    return next((b for b in cls.__mro__[1:] if b.__module__.split(".")[0] != package and hasattr(b, "add_args")),
-                None)
-
-
-def fairseq_options() -> Set[str]:
-    """The options of fairseq's train, generate and interactive parsers before any component adds its own."""
-    from fairseq import options
-
-    parsers = (options.get_training_parser(), options.get_generation_parser(),
-               options.get_interactive_generation_parser())
-    return {s for p in parsers for a in p._actions for s in a.option_strings}
 
 
 def architecture_defaults(architectures: Sequence[str]) -> Callable[[str, Dict[str, Any]], Dict[str, Any]]:
@@ -130,10 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="The options fairseq_insertion adds to fairseq's commands (with --user-dir "
                     "fairseq_insertion), grouped by the commands they apply to; fairseq's own options are in "
                     "each command's --help.")
-    known = fairseq_options()
+    from fairseq import options
+
+    # the options of fairseq's train, generate and interactive parsers before any component adds its own
+    parsers = (options.get_training_parser(), options.get_generation_parser(),
+               options.get_interactive_generation_parser())
+    known = {s for p in parsers for a in p._actions for s in a.option_strings}
     groups = []
-    for comp in components():
-        base = fairseq_base(comp.cls)
+    package = __package__ or "fairseq_insertion"
+    for comp in components():  # its fairseq base: the nearest class it extends that is not the package's own
+        base = next((b for b in comp.cls.__mro__[1:] if b.__module__.split(".")[0] != package
+                     and hasattr(b, "add_args")), None)
         inherited = set(options_of(base.add_args)) if base is not None else set()
         added = [o for o in options_of(comp.cls.add_args) if o not in inherited and o not in known]
         if not added:

@@ -47,8 +47,7 @@ def sample_canvas(target_lengths: Tensor, max_len: int, order: str,
     if order == "left_to_right":
         return pos < k.unsqueeze(1)
     # random permutation rank of every real position; padding ranks last
-    r = torch.rand(B, max_len, device=device, generator=generator)  # (B, N)
-    r = r.masked_fill(~valid, 2.0)
+    r = torch.rand(B, max_len, device=device, generator=generator).masked_fill(~valid, 2.0)  # (B, N)
     rank = r.argsort(dim=1).argsort(dim=1)  # (B, N)
     return (rank < k.unsqueeze(1)) & valid
 

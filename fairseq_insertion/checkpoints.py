@@ -224,8 +224,15 @@ def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
     if not any(isinstance(own[k], nn.Parameter) for k in copied):
         raise ValueError(f"--init-from-transformer {path}: no parameter of the teacher matches the insertion "
                          "model's by name")
-    if slots == "left":
-        _start_slots_at_left_neighbour(model)
+    if slots == "left":  # h_l = x_l, the left neighbour's state (slot projection [I | 0], bias 0); q = 0: uniform p(l)
+        proj, head = model.decoder.slot_proj, model.decoder.head
+        dim = proj.weight.size(0)  # weight: (C, 2C)
+        with torch.no_grad():
+            proj.weight.zero_()
+            proj.weight[:, :dim].copy_(torch.eye(dim, dtype=proj.weight.dtype))
+            proj.bias.zero_()
+            if head is not None and head.location_query is not None:
+                head.location_query.zero_()
     logger.info("--init-from-transformer %s: copied %d tensors (%d parameters); new in the insertion model, "
                 "%s: %s", path, len(copied), n_params,
                 "slots started at the left neighbour (--warm-start-slots left)" if slots == "left"
@@ -234,15 +241,3 @@ def init_from_transformer(model: nn.Module, path: str, slots: str = "left",
         logger.warning("--init-from-transformer %s: teacher tensors the insertion model has no place for, not "
                        "used: %s", path, ", ".join(unused))
     return {"copied": copied, "new": new, "unused": unused}
-
-
-def _start_slots_at_left_neighbour(model: nn.Module) -> None:
-    """Slot state h_l = x_l, the left neighbour's state: slot projection [I | 0], bias 0; uniform p(l): q = 0."""
-    proj, head = model.decoder.slot_proj, model.decoder.head
-    dim = proj.weight.size(0)  # weight: (C, 2C)
-    with torch.no_grad():
-        proj.weight.zero_()
-        proj.weight[:, :dim].copy_(torch.eye(dim, dtype=proj.weight.dtype))
-        proj.bias.zero_()
-        if head is not None and head.location_query is not None:
-            head.location_query.zero_()

@@ -66,8 +66,7 @@ Check = Callable[[Any, str], Any]  # (the config, a field's name) -> its value n
 
 
 def _option(default: Any, flag: str, *scopes: str, help: str = "", choices: Tuple[str, ...] = (),
-            check: Optional[Check] = None, arg: Optional[str] = None, read: Callable[[Any], Any] = lambda v: v
-            ) -> Any:
+            check: Optional[Check] = None, arg: Optional[str] = None, read: Callable[[Any], Any] = lambda v: v) -> Any:
     """A field of :class:`DecodingConfig` with its flag, scopes, help, ``check`` (``choices`` alone: one of them), its
     name in fairseq's parsed options (``arg``) and how :meth:`~DecodingConfig.from_options` reads it (``read``)."""
     if check is None and choices:

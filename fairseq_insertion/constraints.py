@@ -3,7 +3,7 @@
 gap inside a constraint is encoded as the target dictionary's pad index, which no real constraint token can be."""
 
 import logging
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from fairseq.token_generation_constraints import pack_constraints
@@ -16,16 +16,6 @@ from .preprocess import GAP, GAP_SPLIT
 logger = logging.getLogger(__name__)
 
 EncodeFn = Optional[Callable[[str], str]]
-
-
-def encode_constraint(text: str, encode_fn: EncodeFn, dictionary) -> Tuple[Tensor, List[str]]:
-    """Token ids of one constraint, and its words missing from ``dictionary``: ``encode_fn`` (None: already encoded)
-    applied to the pieces between ``___`` gaps, so a gap survives any tokenizer; each gap becomes ``pad()``."""
-    pieces = _encoded_pieces(text, encode_fn, dictionary)
-    ids: List[int] = []
-    for i, piece in enumerate(pieces):
-        ids.extend([dictionary.pad()] * (i > 0) + [dictionary.index(w) for w in piece.split()])
-    return torch.tensor(ids, dtype=torch.long), _unknown(pieces, dictionary)
 
 
 def _encoded_pieces(text: str, encode_fn: EncodeFn, dictionary) -> List[str]:
@@ -47,17 +37,23 @@ def _unknown(pieces: Sequence[str], dictionary) -> List[str]:
 
 
 def encode_constraints(fields: Sequence[str], encode_fn: EncodeFn, dictionary, line: str) -> List[Tensor]:
-    """One line's constraints, a warning naming any unknown words; a special symbol is an error naming ``line``."""
+    """One line's constraints as token ids, a warning naming any unknown words; a special symbol is an error naming
+    ``line``. ``encode_fn`` (None: already encoded) is applied to the pieces between ``___`` gaps, so a gap survives
+    any tokenizer; each gap becomes ``pad()``."""
     out = []
     for text in fields:
         try:
-            ids, unknown = encode_constraint(text, encode_fn, dictionary)
+            pieces = _encoded_pieces(text, encode_fn, dictionary)
         except SpecialSymbolError as e:
             raise SpecialSymbolError(f"{line}: {e}") from None
+        ids: List[int] = []
+        for i, piece in enumerate(pieces):
+            ids.extend([dictionary.pad()] * (i > 0) + [dictionary.index(w) for w in piece.split()])
+        unknown = _unknown(pieces, dictionary)
         if unknown:
             logger.warning("%s: constraint %r holds %d word(s) not in the target dictionary, read as <unk>: %s",
                            line, text, len(unknown), " ".join(repr(w) for w in unknown))
-        out.append(ids)
+        out.append(torch.tensor(ids, dtype=torch.long))
     return out
 
 
@@ -76,13 +72,12 @@ class ConstraintsFile:
 
     def check_sentences(self, num_sentences: Dict[str, int]) -> None:
         """Raise unless one of the loaded test sets (sentences per split) has one sentence per line."""
-        path = self.path
         if not num_sentences:
-            raise ValueError(f"--constraints-file {path}: it is for fairseq-generate (constraints of a binarised "
+            raise ValueError(f"--constraints-file {self.path}: it is for fairseq-generate (constraints of a binarised "
                              "test set); in fairseq-interactive give constraints after tabs with --constraints")
         if len(self.lines) not in num_sentences.values():
             sizes = ", ".join(f"{split}: {n}" for split, n in num_sentences.items())
-            raise ValueError(f"--constraints-file {path} has {len(self.lines)} lines, but the test set has "
+            raise ValueError(f"--constraints-file {self.path} has {len(self.lines)} lines, but the test set has "
                              f"a different number of sentences ({sizes}); give one line per sentence")
 
     def packed(self, ids: Sequence[int], encode_fn: EncodeFn, dictionary) -> Tensor:

@@ -19,35 +19,25 @@ from .pass_decoder import TRAJECTORIES, framed_levels
 
 @dataclass
 class InsertionLossConfig(FairseqDataclass):
-    order: ChoiceEnum(list(C.ORDERS)) = field(  # type: ignore[valid-type]
-        default="binary_tree",
-        metadata={"help": "generation order the loss teaches (paper: Left-to-Right, Balanced Binary Tree, Uniform)"},
-    )
+    order: ChoiceEnum(list(C.ORDERS)) = field(default="binary_tree", metadata={  # type: ignore[valid-type]
+        "help": "generation order the loss teaches (paper: Left-to-Right, Balanced Binary Tree, Uniform)"})
     tau: float = field(default=1.0, metadata={"help": "binary tree temperature: weights softmax(-d_l(i)/tau) over "
                                                       "each span"})
-    termination: ChoiceEnum(list(C.TERMINATIONS)) = field(  # type: ignore[valid-type]
-        default="slot",
-        metadata={"help": "slot: empty spans target end-of-slot; sequence: empty spans are excluded and a "
-                  "complete canvas targets end-of-sequence (paper: Termination)"},
-    )
+    termination: ChoiceEnum(list(C.TERMINATIONS)) = field(default="slot", metadata={  # type: ignore[valid-type]
+        "help": "slot: empty spans target end-of-slot; sequence: empty spans are excluded and a complete canvas "
+        "targets end-of-sequence (paper: Termination)"})
     label_smoothing: float = field(default=0.0, metadata={"help": "mix this much of a uniform content distribution "
                                                                   "into each slot's target"})
-    tree_canvas_prob: float = field(
-        default=0.0,
-        metadata={"help": "with this probability a sentence's canvas is a state parallel decoding visits (the "
-                  "balanced-binary-tree canvas after a uniformly drawn number of iterations) instead of a "
-                  "uniformly random subset; binary_tree and uniform orders"},
-    )
-    trajectory: ChoiceEnum(list(TRAJECTORIES)) = field(  # type: ignore[valid-type]
-        default="balanced",
-        metadata={"help": "with --cached-decoder, the insertion order its one pass over each target follows: balanced "
-                  "(each span's centre) or sampled (each span's token drawn from its binary-tree weights at --tau)"},
-    )
-    canvases_per_sentence: int = field(
-        default=1,
-        metadata={"help": "sample K independent canvases per sentence, sharing one encoder pass; a sentence's "
-                  "loss is the mean over its K canvases"},
-    )
+    tree_canvas_prob: float = field(default=0.0, metadata={
+        "help": "with this probability a sentence's canvas is a state parallel decoding visits (the balanced-binary-"
+        "tree canvas after a uniformly drawn number of iterations) instead of a uniformly random subset; binary_tree "
+        "and uniform orders"})
+    trajectory: ChoiceEnum(list(TRAJECTORIES)) = field(default="balanced", metadata={  # type: ignore[valid-type]
+        "help": "with --cached-decoder, the insertion order its one pass over each target follows: balanced (each "
+        "span's centre) or sampled (each span's token drawn from its binary-tree weights at --tau)"})
+    canvases_per_sentence: int = field(default=1, metadata={
+        "help": "sample K independent canvases per sentence, sharing one encoder pass; a sentence's loss is the mean "
+        "over its K canvases"})
 
 
 @register_criterion("insertion_loss", dataclass=InsertionLossConfig)
@@ -93,21 +83,23 @@ class InsertionLoss(FairseqCriterion):
 
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         if getattr(model.decoder, "fractional", None) is not None:
-            return self._trajectory(model, sample, src_tokens, src_lengths, y, lengths, reduce)
-        net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)  # one encoder pass, R canvases
-        content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (R B, K+1, V), (R B, K+1)
-        loss, nll = C.insertion_loss(content_lp, location_lp, y, lengths, keep, self.order, self.termination, self.eos,
-                                     self.tau, self.eps)  # (R B,) each
-        fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(), torch.ones_like(k, dtype=torch.float))
-        if R > 1:  # a sentence's loss is the mean over its R canvases: (R B,) -> (B,)
-            loss, nll, fill = (x.view(R, B).mean(0) for x in (loss, nll, fill))
+            loss, nll, fill = self._trajectory(model, src_tokens, src_lengths, y, lengths)
+        else:
+            net_output = model(src_tokens, src_lengths, framed, canvases_per_sentence=R)  # one encoder pass, R canvases
+            content_lp, location_lp = model.slot_log_probs(net_output, framed)  # (R B, K+1, V), (R B, K+1)
+            loss, nll = C.insertion_loss(content_lp, location_lp, y, lengths, keep, self.order, self.termination,
+                                         self.eos, self.tau, self.eps)  # (R B,) each
+            fill = torch.where(lengths > 0, k.float() / lengths.clamp(min=1).float(),
+                               torch.ones_like(k, dtype=torch.float))
+            if R > 1:  # a sentence's loss is the mean over its R canvases: (R B,) -> (B,)
+                loss, nll, fill = (x.view(R, B).mean(0) for x in (loss, nll, fill))
         logging_output = {"loss": loss.sum().data, "nll_loss": nll.sum().data, "fill": fill.sum().data,
                           "ntokens": sample["ntokens"], "nsentences": B, "sample_size": B}
         return (loss.sum() if reduce else loss), B, logging_output
 
-    def _trajectory(self, model, sample, src_tokens, src_lengths, y, lengths, reduce: bool):
+    def _trajectory(self, model, src_tokens, src_lengths, y, lengths):
         """The cached decoder's loss (:mod:`fairseq_insertion.pass_decoder`): every pass of each target's balanced-tree
-        decode in one decoder pass; a sentence's loss is the mean of its passes' slot losses."""
+        decode in one decoder pass; (B,) each sentence's loss, nll and fill, the means over its passes."""
         if self.order == "left_to_right" or self.tree_canvas_prob > 0 or self.canvases_per_sentence > 1:
             raise ValueError(f"{CACHED_DECODER} trains on every pass of the balanced-tree order at once: train with "
                              "--order binary_tree or uniform, without --tree-canvas-prob and --canvases-per-sentence")
@@ -119,21 +111,16 @@ class InsertionLoss(FairseqCriterion):
         location = out.location.float().masked_fill(~slots.real, float("-inf")).log_softmax(-1)  # (R, S)
         content = out.content.float().log_softmax(-1)  # (M, V)
         target, n = y[slots.sentence], lengths[slots.sentence]  # (R, N), (R,)
-        rows, rows_nll = C.flat_insertion_loss(content, slots.real, location, target, n,
-                                               slots.keep, self.order, self.termination, self.eos, self.tau,
-                                               self.eps)  # (R,) each
+        rows, rows_nll = C.flat_insertion_loss(content, slots.real, location, target, n, slots.keep, self.order,
+                                               self.termination, self.eos, self.tau, self.eps)  # (R,) each
         k = slots.keep.sum(1).float()  # (R,)
-        fill = torch.where(lengths[slots.sentence] > 0, k / lengths[slots.sentence].clamp(min=1).float(),
-                           torch.ones_like(k))
+        fill = torch.where(n > 0, k / n.clamp(min=1).float(), torch.ones_like(k))
         passes = lengths.new_zeros(B).scatter_add_(0, slots.sentence, torch.ones_like(slots.sentence)).float()
 
         def mean(x):  # (R,) -> (B,) each sentence's mean over its passes
             return x.new_zeros(B).scatter_add_(0, slots.sentence, x) / passes
 
-        loss, nll, fill = mean(rows), mean(rows_nll), mean(fill)
-        logging_output = {"loss": loss.sum().data, "nll_loss": nll.sum().data, "fill": fill.sum().data,
-                          "ntokens": sample["ntokens"], "nsentences": B, "sample_size": B}
-        return (loss.sum() if reduce else loss), B, logging_output
+        return mean(rows), mean(rows_nll), mean(fill)
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:

@@ -1,9 +1,6 @@
-"""Insertion decoding on torch: torch's arrays for the loop (:data:`TORCH`) and the word edges kept at
-constraints (paper: "Inference"). The loop itself,
-the decode driver, its typed state (:class:`Canvases`, :class:`SlotScores`, :class:`Insertions`) and the step
-rules live in :mod:`fairseq_insertion.loop` (torch-free, shared with the deployment runtime), every option and
-its default, :class:`~fairseq_insertion.config.DecodingConfig`, in :mod:`fairseq_insertion.config`.
-"""
+"""Insertion decoding on torch: torch's arrays for the loop (:data:`TORCH`) and the word edges kept at constraints
+(paper: "Inference"). The loop itself lives in :mod:`fairseq_insertion.loop` (torch-free, shared with the deployment
+runtime), every option and its default in :mod:`fairseq_insertion.config`."""
 
 from __future__ import annotations
 
@@ -69,8 +66,7 @@ class WordEdges(NamedTuple):
 
     @classmethod
     def from_dictionary(cls, dictionary, scheme: Optional[str] = None) -> "WordEdges":
-        """The word edges of a fairseq dictionary. ``scheme``: one of
-        :data:`fairseq_insertion.loop.bans.WORD_SCHEMES`, or None: the one most of the dictionary's entries are
-        marked for (``@@`` at the end, ``_EOW`` at the end, ``▁`` at the start; ``none`` when no entry is marked)."""
+        """The word edges of a fairseq dictionary, by ``scheme`` (:data:`fairseq_insertion.loop.bans.WORD_SCHEMES`;
+        None: the one most of its entries are marked for, :func:`fairseq_insertion.loop.word_edge_table`)."""
         scheme, nxt, prev = L.word_edge_table(list(dictionary.symbols), dictionary.nspecial, scheme)
         return cls(scheme=scheme, joins_next=torch.from_numpy(nxt), joins_prev=torch.from_numpy(prev))

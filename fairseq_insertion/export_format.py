@@ -24,8 +24,7 @@ CHECKED = (ENCODER, PASS, *VOCABS.values())  # the files settings.json records t
 BPE_CODES = "bpe.codes"  # the subword-nmt codes of a recorded preprocessing, also recorded in files
 SPM_MODEL = "spm.model"  # or its SentencePiece model, the same way
 SPECIAL_IDS = ("bos", "eos", "pad", "unk")
-JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-              tuple: "a list of numbers"}
+JSON_TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "a list of numbers"}
 
 
 def source_names(layers: int) -> Tuple[str, ...]:
@@ -78,8 +77,7 @@ def sha256(path: Path) -> str:
 
 def file_digests(model_dir: Path, names: Sequence[str] = CHECKED) -> Dict[str, Dict[str, Any]]:
     """The size in bytes and the sha256 of every file settings.json records (``files``)."""
-    return {name: {"bytes": (model_dir / name).stat().st_size, "sha256": sha256(model_dir / name)}
-            for name in names}
+    return {name: {"bytes": (model_dir / name).stat().st_size, "sha256": sha256(model_dir / name)} for name in names}
 
 
 # ---------------------------------------------------------------- files
@@ -194,16 +192,12 @@ class Where:
     def __init__(self, path: Path):
         self.path = path
 
-    def fail(self, key: str, text: str) -> TranslatorError:
-        return TranslatorError(f"{self.path}: {key} {text}")
-
     def expect(self, ok: bool, key: str, text: str) -> None:
         if not ok:
-            raise self.fail(key, text)
+            raise TranslatorError(f"{self.path}: {key} {text}")
 
     def get(self, values: Mapping[str, Any], key: str, prefix: str = "") -> Any:
-        if key not in values:
-            raise self.fail(prefix + key, "is missing")
+        self.expect(key in values, prefix + key, "is missing")
         return values[key]
 
     def integer(self, values: Mapping[str, Any], key: str, prefix: str = "", minimum: int = 0,
@@ -249,23 +243,15 @@ def check_decoding(settings: Mapping[str, Any], path: Path) -> Dict[str, Any]:
     unknown = sorted(set(values) - set(RUNTIME_OPTIONS))
     where.expect(not unknown, "decoding", f"has unknown key(s) {unknown}; its keys are {list(RUNTIME_OPTIONS)}")
     defaults = DecodingConfig()
-    for key, value in values.items():
-        kind = type(getattr(defaults, key))
-        where.expect(_json_type(value, kind), f"decoding.{key}", f"must be {JSON_TYPES[kind]}, got {value!r}")
+    for key, value in values.items():  # of its field's JSON type: an integer is a number; true is not an integer
+        kind, number = type(getattr(defaults, key)), (int, float)
+        ok = {float: type(value) in number, tuple: type(value) is list and all(type(v) in number for v in value)}
+        where.expect(ok.get(kind, type(value) is kind), f"decoding.{key}", f"must be {JSON_TYPES[kind]}, got {value!r}")
     try:
         config = DecodingConfig(**values)
     except DecodingError as exc:
         raise TranslatorError(f"{path}: {exc.keyed('decoding.')}") from None
     return {key: getattr(config, key) for key in RUNTIME_OPTIONS}
-
-
-def _json_type(value: Any, kind: type) -> bool:
-    """A JSON value of a DecodingConfig field's type (an integer is a number; true is not an integer)."""
-    if kind is float:
-        return type(value) in (int, float)
-    if kind is tuple:
-        return type(value) is list and all(type(v) in (int, float) for v in value)
-    return type(value) is kind
 
 
 # ---------------------------------------------------------------- the graphs

@@ -63,18 +63,18 @@ def tolerate_invalid_utf8_stdin() -> None:
 EMPTY_SOURCE = "\ufdd0"
 
 
-def only_constraints(line: str) -> Optional[str]:
-    """``line`` (fairseq-interactive ``--constraints`` input) with :data:`EMPTY_SOURCE` as its source when
-    it is an empty source with constraints (it starts with a tab, or blanks and a tab); else None."""
+def only_constraints(line: str, where: str) -> Optional[str]:
+    """``line`` (fairseq-interactive ``--constraints`` input; ``where``: its file and line) with :data:`EMPTY_SOURCE`
+    as its source, logged, when it is an empty source with constraints (a tab first, or blanks and a tab); else None."""
     source, tab, rest = line.partition("\t")
     if tab and not source.strip() and rest.strip():
+        logger.info("%s: an empty source with constraints (%r): decoded from them", where, line.strip())
         return EMPTY_SOURCE + tab + rest
     return None
 
 
 class ConstraintLines(io.TextIOBase):
-    """Standard input for fairseq-interactive ``--constraints``: a line of constraints alone gets :data:`EMPTY_SOURCE`
-    as its source (:func:`only_constraints`), with a message naming its line number; the rest is the stream's."""
+    """Standard input for fairseq-interactive ``--constraints``, each line read through :func:`only_constraints`."""
 
     def __init__(self, stream: Any):
         self._stream, self._lines = stream, 0
@@ -84,12 +84,7 @@ class ConstraintLines(io.TextIOBase):
         if not line:
             return line
         self._lines += 1
-        kept = only_constraints(line)
-        if kept is not None:
-            logger.info("standard input line %d: an empty source with constraints (%r): decoded from them",
-                        self._lines, line.strip())
-            return kept
-        return line
+        return only_constraints(line, f"standard input line {self._lines}") or line
 
     def readable(self) -> bool:
         return True
@@ -98,44 +93,28 @@ class ConstraintLines(io.TextIOBase):
         return getattr(self._stream, name)
 
 
-def constraint_lines_on_stdin(task_cfg: Any) -> bool:
-    """fairseq-interactive reading standard input with ``--constraints``: wrap ``sys.stdin`` in
-    :class:`ConstraintLines` (once) before fairseq opens it. True when it is wrapped."""
-    root = _root(task_cfg)
-    if root is None or root.get("interactive") is None or not getattr(root.get("generation"), "constraints", None):
-        return False
-    if getattr(root.get("interactive"), "input", "-") != "-":
-        return False
-    if not isinstance(sys.stdin, ConstraintLines):
-        sys.stdin = ConstraintLines(sys.stdin)
-    return True
-
-
 def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
-    """fairseq-interactive ``--input FILE``, read like standard input: fairseq decodes it strictly (one invalid UTF-8
-    byte ends the run) and strips every line (a line of constraints alone loses its leading tab). When ``FILE``
-    (read through the task config's root) holds invalid UTF-8 or, with ``--constraints``, such a line, fairseq's
-    ``interactive.input`` is pointed at a copy with U+FFFD for invalid bytes and :data:`EMPTY_SOURCE` as such a
-    line's source, with messages naming the file and each line. Returns the copy's path, else None."""
-    root = _root(task_cfg)
+    """fairseq-interactive's input (read through the task config's root). Standard input with ``--constraints``:
+    ``sys.stdin`` is wrapped in :class:`ConstraintLines` (once) before fairseq opens it. ``--input FILE``, read like
+    standard input: fairseq decodes it strictly (one invalid UTF-8 byte ends the run) and strips every line (a line of
+    constraints alone loses its leading tab). When ``FILE`` holds invalid UTF-8 or, with ``--constraints``, such a
+    line, fairseq's ``interactive.input`` is pointed at a copy with U+FFFD for invalid bytes and :data:`EMPTY_SOURCE`
+    as such a line's source, with messages naming the file and each line. Returns the copy's path, else None."""
+    root = command_line_root(task_cfg)
     interactive = root.get("interactive") if root is not None else None
     path = getattr(interactive, "input", "-") if interactive is not None else "-"
+    constraints = interactive is not None and bool(getattr(root.get("generation"), "constraints", None))
+    if path == "-" and constraints and not isinstance(sys.stdin, ConstraintLines):
+        sys.stdin = ConstraintLines(sys.stdin)
     if path == "-" or not os.path.isfile(path):
         return None
-    constraints = bool(getattr(root.get("generation"), "constraints", None))
     with open(path, "rb") as f:
         data = f.read()
-    try:
-        data.decode("utf-8")
-        changed = False
-    except UnicodeDecodeError:
-        changed = True
+    changed = data.decode("utf-8", errors="replace").encode("utf-8") != data  # invalid UTF-8 somewhere
     lines = read_text_lines(path, "--input")
     for i, line in enumerate(lines):
-        kept = only_constraints(line) if constraints else None
+        kept = only_constraints(line, f"--input {path} line {i + 1}") if constraints else None
         if kept is not None:
-            logger.info("--input %s line %d: an empty source with constraints (%r): decoded from them",
-                        path, i + 1, line.strip())
             lines[i], changed = kept, True
     if not changed:
         return None
@@ -150,19 +129,12 @@ def tolerant_interactive_input(task_cfg: Any) -> Optional[str]:
 def command_line_checkpoints(task_cfg: Any) -> List[str]:
     """The checkpoint files of fairseq-generate's and -interactive's ``--path`` that exist, read from the task
     config's root ([] elsewhere): the task checks them before fairseq loads them."""
-    root = _root(task_cfg)
+    root = command_line_root(task_cfg)
     path = getattr(root.get("common_eval"), "path", None) if root is not None else None
     return [p for p in str(path).split(os.pathsep) if os.path.isfile(p)] if path else []
 
 
-def command_line_generation(task_cfg: Any) -> Any:
-    """fairseq's generation options (``--beam``, ``--nbest``, ...) of the task config's root, for the task to
-    check before any model is loaded; None where the task was given no whole config."""
-    root = _root(task_cfg)
-    return root.get("generation") if root is not None else None
-
-
-def _root(task_cfg: Any) -> Any:
+def command_line_root(task_cfg: Any) -> Any:
     """The whole command line's config, of which fairseq gives a task only ``cfg.task``; None outside it."""
     root = task_cfg._get_root() if OmegaConf.is_config(task_cfg) else None
     return root if root is not None and root is not task_cfg else None
@@ -177,9 +149,7 @@ def read_text_lines(path: str, option: str) -> List[str]:
             data = f.read()
     except OSError as e:
         raise FileNotFoundError(f"{option} {path}: cannot be read ({e.strerror or e})") from None
-    raw = data.split(b"\n")
-    if data.endswith(b"\n"):
-        raw.pop()
+    raw = (data[:-1] if data.endswith(b"\n") else data).split(b"\n")  # a final line end ends the last line
     lines = []
     for i, line in enumerate(raw):
         line = line[:-1] if line.endswith(b"\r") else line
@@ -193,23 +163,15 @@ def read_text_lines(path: str, option: str) -> List[str]:
 
 
 # -------------------------------- Errors on fairseq's command lines
-def command_line_program() -> Optional[str]:
-    """The program's name as argparse shows it (``fairseq-interactive``) in a fairseq command line (a ``fairseq-*``
-    script, or ``python -m fairseq_cli.<command>``); None in any other process (the hub, in-process tests)."""
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if argv0.startswith("fairseq-") or (spec is not None and str(spec.name).startswith("fairseq_cli.")):
-        return argv0
-    return None
-
-
 def exit_on_option_errors(errors: Tuple[Type[BaseException], ...], message: Callable[[Any], str]) -> bool:
-    """In a fairseq command-line process, an uncaught exception of the types ``errors`` (options the plugin refuses)
-    or of fairseq's own option checks (:func:`fairseq_option_check`) ends the run as argparse does: one line,
-    ``prog: error: <message(exception)>``, exit status 2. Installed once (``sys.excepthook``, others reach the
-    previous hook); True when this process is such a command line."""
-    prog = command_line_program()
-    if prog is None:
+    """In a fairseq command-line process (a ``fairseq-*`` script, or ``python -m fairseq_cli.<command>``; not the hub
+    or in-process tests), an uncaught exception of the types ``errors`` (options the plugin refuses) or of fairseq's
+    own option checks (:func:`fairseq_option_check`) ends the run as argparse does: one line,
+    ``prog: error: <message(exception)>`` (``prog`` as argparse shows it, ``fairseq-interactive``), exit status 2.
+    Installed once (``sys.excepthook``, others reach the previous hook); True in such a process."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if not (prog.startswith("fairseq-") or (spec is not None and str(spec.name).startswith("fairseq_cli."))):
         return False
     previous = sys.excepthook
     if getattr(previous, "option_errors", None) == errors:
@@ -281,24 +243,14 @@ def realign(results: Sequence[Any], skipped: Sequence[int], n: int, empty: Any) 
 
 # -------------------------------- Archives
 def local_model_dir(model_name_or_path: str) -> str:
-    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive extracted safely into a new folder
-    (:func:`safe_extract`), where fairseq would extract it unfiltered and replace the archive by a folder."""
-    path = str(model_name_or_path)
-    if not os.path.isfile(path):  # fairseq's from_pretrained takes any file as an archive
-        return path
+    """What to give fairseq's ``from_pretrained``: a folder as it is, an archive (``.tar(.gz|.bz2)`` or ``.zip``)
+    extracted safely into a new folder, where fairseq would extract it unfiltered and replace the archive by a folder.
+    A member whose path leaves the folder (absolute, or with ``..``), a link or a device is refused with an error
+    naming the archive and the member, before anything is written."""
+    archive = str(model_name_or_path)
+    if not os.path.isfile(archive):  # fairseq's from_pretrained takes any file as an archive
+        return archive
     dest = tempfile.mkdtemp(prefix="fairseq_insertion_model_")
-    safe_extract(path, dest)
-    entries = [e for e in os.listdir(dest) if not e.startswith(".")]
-    if len(entries) == 1 and os.path.isdir(os.path.join(dest, entries[0])):  # model.tar.gz holding model/...
-        dest = os.path.join(dest, entries[0])
-    logger.info("extracted %s into %s", path, dest)
-    return dest
-
-
-def safe_extract(archive: str, dest: str) -> None:
-    """Extract the ``.tar(.gz|.bz2)`` or ``.zip`` file ``archive`` into the folder ``dest``.
-    A member whose path leaves ``dest`` (absolute, or with ``..``), a link or a device is
-    refused with an error naming the archive and the member, before anything is written."""
     root = Path(dest).resolve()
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as z:
@@ -308,30 +260,33 @@ def safe_extract(archive: str, dest: str) -> None:
                 if (info.external_attr >> 16) & 0o170000 == 0o120000:
                     _refuse(archive, info.filename, "a link")
             z.extractall(root)
-        return
-    try:
-        tar = tarfile.open(archive)
-    except tarfile.TarError as e:
-        raise ValueError(f"{archive}: not a model archive (.tar.gz, .tar.bz2, .tar or .zip) ({e})") from None
-    with tar:
-        members = tar.getmembers()
-        for m in members:
-            _check_member(archive, root, m.name)
-            if m.issym() or m.islnk():
-                _refuse(archive, m.name, f"a link (to {m.linkname!r})")
-            if not (m.isfile() or m.isdir()):
-                _refuse(archive, m.name, "a device, fifo or other special file")
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(root, members=members, filter="data")
-        else:  # Python without extraction filters: every member was checked above
-            tar.extractall(root, members=members)
+    else:
+        try:
+            tar = tarfile.open(archive)
+        except tarfile.TarError as e:
+            raise ValueError(f"{archive}: not a model archive (.tar.gz, .tar.bz2, .tar or .zip) ({e})") from None
+        with tar:
+            members = tar.getmembers()
+            for m in members:
+                _check_member(archive, root, m.name)
+                if m.issym() or m.islnk():
+                    _refuse(archive, m.name, f"a link (to {m.linkname!r})")
+                if not (m.isfile() or m.isdir()):
+                    _refuse(archive, m.name, "a device, fifo or other special file")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(root, members=members, filter="data")
+            else:  # Python without extraction filters: every member was checked above
+                tar.extractall(root, members=members)
+    entries = [e for e in os.listdir(dest) if not e.startswith(".")]
+    if len(entries) == 1 and os.path.isdir(os.path.join(dest, entries[0])):  # model.tar.gz holding model/...
+        dest = os.path.join(dest, entries[0])
+    logger.info("extracted %s into %s", archive, dest)
+    return dest
 
 
 def _check_member(archive: str, root: Path, name: str) -> None:
-    if os.path.isabs(name) or ".." in Path(name).parts:
-        _refuse(archive, name, "a path that leaves the extraction folder")
-    target = (root / name).resolve()
-    if target != root and root not in target.parents:
+    target = None if os.path.isabs(name) or ".." in Path(name).parts else (root / name).resolve()
+    if target is None or (target != root and root not in target.parents):
         _refuse(archive, name, "a path that leaves the extraction folder")
 
 

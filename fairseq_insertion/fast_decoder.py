@@ -13,15 +13,8 @@ import torch.nn.functional as F
 from fairseq.models.transformer import TransformerDecoderBase
 from torch import Tensor, nn
 
-from .weights import (
-    Projection,
-    blocks,
-    encoder_attention_projections,
-    encoder_keys_values,
-    residual,
-    self_attention_projections,
-    self_attention_qkv,
-)
+from . import weights as W
+from .weights import Projection, blocks, residual
 
 
 class FusedProjections(NamedTuple):
@@ -30,12 +23,7 @@ class FusedProjections(NamedTuple):
 
     self_attention: List[Projection]  # per layer q, k and v as one (weights.self_attention_qkv)
     encoder_attention: Projection  # every layer's encoder-attention k and v as one (weights.encoder_keys_values)
-    source: Tuple[Tuple[Tensor, tuple], ...]  # the parameters they were made from, to see a change (fits)
-
-    def fits(self, parameters: List[Tensor]) -> bool:
-        """Whether ``parameters`` are those they were made from, unchanged."""
-        return len(parameters) == len(self.source) and all(
-            p is q and _state(p) == state for p, (q, state) in zip(parameters, self.source))
+    source: Tuple[Tuple[Tensor, tuple], ...]  # the parameters they were made from, to see a change
 
 
 def _state(p: Tensor) -> tuple:
@@ -48,15 +36,16 @@ def fused_projections(decoder: TransformerDecoderBase,
     :func:`cacheable` rejects the layers or a projection is not a plain ``nn.Linear`` (int8 dynamic quantization)."""
     if not cacheable(decoder):
         return None
-    projections = [p for layer in decoder.layers for p in self_attention_projections(layer.self_attn)]
-    projections += encoder_attention_projections(decoder.layers)
+    projections = [p for layer in decoder.layers for p in W.self_attention_projections(layer.self_attn)]
+    projections += W.encoder_attention_projections(decoder.layers)
     if not all(isinstance(p, nn.Linear) for p in projections):  # int8 dynamic quantization
         return None
     parameters = [t for p in projections for t in (p.weight, p.bias) if t is not None]
-    if previous is not None and previous.fits(parameters):
+    if previous is not None and len(parameters) == len(previous.source) and all(
+            p is q and _state(p) == state for p, (q, state) in zip(parameters, previous.source)):  # unchanged
         return previous
-    return FusedProjections([self_attention_qkv(layer.self_attn) for layer in decoder.layers],
-                            encoder_keys_values(decoder.layers), tuple((p, _state(p)) for p in parameters))
+    return FusedProjections([W.self_attention_qkv(layer.self_attn) for layer in decoder.layers],
+                            W.encoder_keys_values(decoder.layers), tuple((p, _state(p)) for p in parameters))
 
 
 class EncoderCache(NamedTuple):
@@ -71,8 +60,7 @@ class EncoderCache(NamedTuple):
     fused: Optional[FusedProjections] = None  # the model's fused projections; None where they run one by one
 
     def select(self, order: Tensor) -> "EncoderCache":
-        """The cached keys, values and mask of the sentences ``order`` (A,), in that order
-        (``encoder_out``, when set, is reordered by the encoder: see the model)."""
+        """The keys, values and mask of the sentences ``order`` (A,), in that order (``encoder_out``: see the model)."""
         keep = self.source_keep
         return self._replace(keys=[k.index_select(0, order) for k in self.keys],
                              values=[v.index_select(0, order) for v in self.values],
@@ -162,53 +150,60 @@ def cached_slot_states(decoder: TransformerDecoderBase, framed: Tensor, cache: E
     # a single canvas has no padding (the generator trims the batch to its longest canvas);
     # fairseq's extract_features passes no mask then either
     keep = framed.ne(decoder.padding_idx)[:, None, None, :] if framed.size(0) > 1 else None  # (A, 1, 1, T+2)
-    qkv = cache.fused.self_attention if cache.fused is not None else [None] * len(decoder.layers)
-    for layer, k, v, fused in zip(decoder.layers, cache.keys, cache.values, qkv):
-        x = _cached_layer(layer, x, keep, k, v, cache.source_keep, fused)
+    fused = cache.fused.self_attention if cache.fused is not None else None
+    return decoder.pair_slots(layers(decoder, x, keep, cache, fused=fused, inplace=True))  # (A, T+1, C)
+
+
+def layers(decoder: nn.Module, x: Tensor, keep: Optional[Tensor], enc: EncoderCache,
+           past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None,
+           span: Optional[range] = None, kv: Optional[List[Tuple[Tensor, Tensor]]] = None,
+           inplace: bool = False) -> Tensor:
+    """The decoder layers ``span`` (all by default) over ``x`` (T, A, C) (embedded, or the states of the layer below)
+    with ``enc``'s encoder-attention keys and values: each token attends to the tokens ``keep`` (A, 1, T or 1, M + T;
+    None: all) allows of the ``past`` keys and values (one a layer of the span, (A, heads, M, d) each; None: M = 0) and
+    of its own; after the last layer, the final layer norm and output projection. ``fused``: each layer's q/k/v
+    projection (None: one by one); ``kv`` gets each layer's keys and values, past and new (A, heads, M + T, d);
+    ``inplace``: residual sums added into the sublayers' fresh outputs (inference). Returns the states (A, T, C)."""
+    span = range(len(decoder.layers)) if span is None else span
+    for j, i in enumerate(span):
+        layer = decoder.layers[i]
+
+        def own_attention(h: Tensor, layer=layer, i=i, j=j) -> Tensor:
+            attn = layer.self_attn
+            if fused is not None:
+                qkv = F.linear(h, *fused[i]).view(*h.shape[:2], 3, attn.num_heads, attn.head_dim)  # (T, A, 3, heads, d)
+                q, k, v = qkv.permute(2, 1, 3, 0, 4).unbind(0)
+            else:
+                q, k, v = (heads(attn, p(h)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+            if past is not None:  # (A, heads, M + T, d) each
+                k, v = torch.cat([past[j][0], k], 2), torch.cat([past[j][1], v], 2)
+            if kv is not None:
+                kv.append((k, v))
+            return attention(attn, q, k, v, keep, h.shape)
+
+        sublayers = {"self_attn": own_attention,
+                     "encoder_attn": lambda h, layer=layer, i=i: attention(
+                         layer.encoder_attn, heads(layer.encoder_attn, layer.encoder_attn.q_proj(h)),
+                         enc.keys[i], enc.values[i], enc.source_keep, h.shape),
+                     "ffn": lambda h, layer=layer: layer.fc2(layer.activation_dropout_module(
+                         (torch.relu_ if layer.activation_fn is F.relu else layer.activation_fn)(layer.fc1(h))))}
+        add = (lambda a, y, layer=layer: layer.dropout_module(y).add_(a)) if inplace \
+            else (lambda a, y, layer=layer: layer.dropout_module(y) + a)
+        for name, norm in blocks(layer):
+            x = residual(x, sublayers[name], norm, layer.normalize_before, add)
+    if span.stop < len(decoder.layers):
+        return x.transpose(0, 1)
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
-    x = x.transpose(0, 1)
+    x = x.transpose(0, 1)  # (A, T, C)
     if decoder.project_out_dim is not None:
         x = decoder.project_out_dim(x)
-    return decoder.pair_slots(x)  # (A, T+1, C)
-
-
-def _cached_layer(layer, x: Tensor, keep: Optional[Tensor], k: Tensor, v: Tensor, src_keep: Optional[Tensor],
-                  qkv: Optional[Projection]) -> Tensor:
-    """One fairseq decoder layer in inference (full self-attention over the canvas), with the encoder-attention keys
-    and values given. x: (T, A, C); k, v: (A, heads, S_src, d); qkv: the fused projection (None: one by one)."""
-    sublayers = {"self_attn": lambda h: self_attention(layer.self_attn, h, keep, None, qkv)[0],
-                 "encoder_attn": lambda h: attention(layer.encoder_attn, heads(layer.encoder_attn,
-                                                                               layer.encoder_attn.q_proj(h)),
-                                                     k, v, src_keep, h.shape),
-                 "ffn": lambda h: layer.fc2(layer.activation_dropout_module(_activation(layer, layer.fc1(h))))}
-    for name, norm in blocks(layer):  # the sum added into the sublayer's fresh output (residual_connection's x + y)
-        x = residual(x, sublayers[name], norm, layer.normalize_before, lambda a, y: layer.dropout_module(y).add_(a))
     return x
-
-
-def _activation(layer, h: Tensor) -> Tensor:
-    return torch.relu_(h) if layer.activation_fn is F.relu else layer.activation_fn(h)
 
 
 def heads(attn: nn.Module, y: Tensor) -> Tensor:
     """(T, A, C) -> (A, heads, T, d)."""
     return y.view(y.size(0), y.size(1), attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
-
-
-def self_attention(attn: nn.Module, x: Tensor, keep: Optional[Tensor], past: Optional[Tuple[Tensor, Tensor]] = None,
-                   qkv: Optional[Projection] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """Self-attention of ``x`` (T, A, C) over the ``past`` keys and values (None: none) and its own; ``qkv``: the
-    fused q/k/v projection (:class:`FusedProjections`; None: projection by projection). Returns its output
-    (T, A, C) and the keys and values, past and new (A, heads, M + T, d) each."""
-    if qkv is not None:
-        T, A, _ = x.shape
-        q, k, v = F.linear(x, *qkv).view(T, A, 3, attn.num_heads, attn.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
-    else:
-        q, k, v = (heads(attn, p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    if past is not None:
-        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-    return attention(attn, q, k, v, keep, x.shape), k, v
 
 
 def attention(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], shape: torch.Size) -> Tensor:

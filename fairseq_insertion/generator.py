@@ -1,8 +1,8 @@
 """Greedy and parallel insertion decoding with the PyTorch model (paper: "Inference").
 
-:class:`InsertionGenerator` is the task's generator; the loop is :mod:`fairseq_insertion.loop`'s, shared
-with the deployment runtime, over :class:`ModelBackend` (the torch side of the backend's calls).
-docs/decoding.md describes the options, the iterations counted and the scores.
+:class:`InsertionGenerator` is the task's generator; the loop is :mod:`fairseq_insertion.loop`'s, shared with the
+deployment runtime, over :class:`ModelBackend` (the torch side of the backend's calls). docs/decoding.md describes the
+options, the iterations counted and the scores.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -88,14 +88,11 @@ class InsertionGenerator:
     (every option and its default lives there; ``InsertionGenerator(tgt_dict, eos_penalty=2)`` is
     ``InsertionGenerator(tgt_dict, DecodingConfig(eos_penalty=2))``).
 
-    With ``eos_penalties`` (and ``first_insertions``) each sentence is decoded
-    once per candidate in one batch and its candidates returned best first, by
-    ``score`` or, with ``rerank``, by ``rerank_score`` (docs/decoding.md, which
-    also defines ``positional_scores``). Hard constraints (``constraints=`` of
-    :meth:`generate`) go on the initial canvas as whole words
-    (:func:`~fairseq_insertion.loop.constraint_canvas`; docs/constraints.md).
-    Decoding statistics: :meth:`summary`, logged once when the generator is
-    freed or the process ends.
+    With ``eos_penalties`` (and ``first_insertions``) each sentence is decoded once per candidate in one batch and its
+    candidates returned best first, by ``score`` or, with ``rerank``, by ``rerank_score`` (docs/decoding.md, which also
+    defines ``positional_scores``). Hard constraints (``constraints=`` of :meth:`generate`) go on the initial canvas as
+    whole words (:func:`~fairseq_insertion.loop.constraint_canvas`; docs/constraints.md). Decoding statistics:
+    :meth:`summary`, logged once when the generator is freed or the process ends.
     """
 
     def __init__(self, tgt_dict, config: Optional[DecodingConfig] = None, *, src_dict=None,
@@ -117,8 +114,7 @@ class InsertionGenerator:
             except ValueError as exc:
                 raise DecodingError(f"--shortlist (shortlist=) {exc}") from None
         self.stats = {**L.new_stats(), "vocabulary_rows": 0}
-        # one summary line when the generator is freed (fairseq-generate's and -interactive's end of run) or
-        # the process ends; the finalizer holds the statistics, not the generator
+        # the summary line (see the class); the finalizer holds the statistics, not the generator
         weakref.finalize(self, _log_summary, self.config.decoding, self.stats)
 
     # ------------------------------------------------------------------ API
@@ -136,50 +132,34 @@ class InsertionGenerator:
             model.eval()
         src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
         cache = model.decoding_cache(model.encoder(src_tokens, src_lengths=src_lengths))
-        init, max_len = self._start(sample, constraints, model.max_decoder_positions() - 2,
-                                    bool(getattr(model, "incremental", False)))
+        # each line's initial canvas and length limit (B,), naming the lines that cannot be decoded
+        init = self._initial_canvas(constraints, src_tokens.size(0), src_tokens.device)
+        p = L.prepare(TORCH, src_lengths, init, cfg, model.max_decoder_positions() - 2, self.pad,
+                      constraints is not None, bool(getattr(model, "incremental", False)))
+        self._report_inputs(sample, src_tokens, p.empty, src_tokens.eq(self.src_unk).sum(1), p.held.gt(0))
+        if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
+            unknown = constraints[:, 1:].eq(self.tgt_dict.unk()).sum(1)  # (B,) packed: the first column is a count
+            for i in unknown.nonzero().flatten().tolist():
+                logger.warning("%s: its constraints hold %d word(s) not in the target dictionary, read as <unk>",
+                               self._line_name(sample, src_tokens, i), int(unknown[i]))
+        if bool(p.unfit.any()):
+            self._report_too_long(sample, src_tokens, p.unfit, p.held, p.limit)
         backend = self.backend(model, src_tokens, src_lengths)
         edges = self.word_edges.to(src_tokens.device)
         options = L.DecodeOptions(cfg, model.termination, self.bos, self.eos, self.pad, self.tgt_dict.unk(),
                                   edges.joins_next if edges.active else None)
         shortlist = None if self.shortlist is None else torch.from_numpy(S.shortlist_rows(
             self.shortlist, src_tokens.cpu().numpy(), (self.bos, self.pad, self.eos, self.tgt_dict.unk()),
-            init.tokens.cpu().numpy())).to(src_tokens.device)
-        found = L.decode(backend, cache, init, max_len, options, self._record if cfg.retain_history else None,
+            p.start.tokens.cpu().numpy())).to(src_tokens.device)
+        found = L.decode(backend, cache, p.start, p.max_len, options, self._record if cfg.retain_history else None,
                          shortlist)
-        hypos = self._hypos(found, src_tokens.size(0))
-        L.tally(self.stats, found)
-        return hypos
-
-    def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
-        """The loop's backend for a batch of these sources."""
-        beta = lambda name: None if getattr(model.decoder, name, None) is None \
-            else float(getattr(model.decoder, name).eos_penalty)  # noqa: E731  the optional heads'
-        return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
-                            beta("closure"), beta("lookahead"), bool(getattr(model, "incremental", False)))
-
-    def _start(self, sample, constraints, limit: int, incremental: bool = False) -> Tuple[L.Start, Tensor]:
-        """Each line's initial canvas and length limit (B,) (:func:`~fairseq_insertion.loop.prepare`); the lines
-        that cannot be decoded (empty, or constraints over the limit) named."""
-        src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-        init = self._initial_canvas(constraints, src_tokens.size(0), src_tokens.device)
-        p = L.prepare(TORCH, src_lengths, init, self.config, limit, self.pad, constraints is not None, incremental)
-        self._report_inputs(sample, src_tokens, p.empty, src_tokens.eq(self.src_unk).sum(1), p.held.gt(0))
-        if constraints is not None and "id" not in sample:  # fairseq-interactive's (the others name the words)
-            self._report_unknown_constraints(sample, src_tokens, constraints)
-        if bool(p.unfit.any()):
-            self._report_too_long(sample, src_tokens, p.unfit, p.held, p.limit)
-        return p.start, p.max_len
-
-    def _hypos(self, found: L.Decoded, B: int) -> List[List[Dict]]:
-        """fairseq's hypothesis dicts of every sentence's candidates, best first."""
-        cfg, out = self.config, found.canvases
-        n, betas = cfg.candidates, cfg.betas
+        # fairseq's hypothesis dicts of every sentence's candidates, best first
+        out, n, betas = found.canvases, cfg.candidates, cfg.betas
         if found.teacher is not None:  # the scorer's normalised score and the ordering score of every row
             teacher = L.candidate_scores(found.teacher, out.lengths.float(), cfg.lenpen).tolist()
             rerank = found.score.tolist()
         rows = []
-        for r in range(B * n):
+        for r in range(src_tokens.size(0) * n):
             h = self._hypo(out.tokens[r], out.scores[r], out.lengths[r], out.iterations[r], out.final_eos[r])
             h["eos_penalty"] = betas[r % len(betas)]
             if cfg.first_insertions > 1:
@@ -189,7 +169,16 @@ class InsertionGenerator:
             if found.teacher is not None:
                 h["teacher_score"], h["rerank_score"] = teacher[r], rerank[r]
             rows.append(h)
-        return [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
+        hypos = [[rows[b * n + c] for c in order] for b, order in enumerate(found.order.tolist())]
+        L.tally(self.stats, found)
+        return hypos
+
+    def backend(self, model: Any, src_tokens: Tensor, src_lengths: Tensor) -> ModelBackend:
+        """The loop's backend for a batch of these sources."""
+        beta = lambda name: None if getattr(model.decoder, name, None) is None \
+            else float(getattr(model.decoder, name).eos_penalty)  # noqa: E731  the optional heads'
+        return ModelBackend(model, self.slot_rule, self.rerank, src_tokens, src_lengths, self.eos, self.pad, self.stats,
+                            beta("closure"), beta("lookahead"), bool(getattr(model, "incremental", False)))
 
     def _initial_canvas(self, constraints, B: int, device) -> L.Start:
         """The empty canvas of every line, or the one holding its constraints."""
@@ -209,8 +198,7 @@ class InsertionGenerator:
 
     # -------------------------------------------------------------- helpers
     def _line_name(self, sample, src_tokens: Tensor, i: int) -> str:
-        """fairseq-generate passes sentence ids; fairseq-interactive does not, so
-        there the line is named by its text."""
+        """fairseq-generate passes sentence ids; fairseq-interactive does not: there the line is named by its text."""
         if "id" in sample:
             return f"sentence {int(sample['id'][i])}"
         return f"source line {self.src_dict.string(src_tokens[i][src_tokens[i].ne(self.src_pad)])!r}"
@@ -225,13 +213,6 @@ class InsertionGenerator:
                                "decoded from its constraints" if given[i] else "its translation is empty")
             else:
                 logger.warning("%s: %d unknown source word(s), read as <unk>", line, int(unknown[i]))
-
-    def _report_unknown_constraints(self, sample, src_tokens: Tensor, constraints: Tensor) -> None:
-        """Name the lines whose constraints hold unknown words (packed: the first column is a count)."""
-        unknown = constraints[:, 1:].eq(self.tgt_dict.unk()).sum(1)  # (B,)
-        for i in unknown.nonzero().flatten().tolist():
-            logger.warning("%s: its constraints hold %d word(s) not in the target dictionary, read as <unk>",
-                           self._line_name(sample, src_tokens, i), int(unknown[i]))
 
     def _report_too_long(self, sample, src_tokens: Tensor, too_long: Tensor, n: Tensor, max_len: Tensor) -> None:
         for i in too_long.nonzero().flatten().tolist():
@@ -253,15 +234,13 @@ class InsertionGenerator:
 
 def _summary(decoding: str, s: Dict[str, int]) -> str:
     n = max(s["sentences"], 1)
-    return (
-        f"insertion decoding ({decoding}): {s['sentences']} sentences, "
-        f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
-        f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
-        f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
-        f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}, "
-        f"passes per sentence {s['sentence_passes'] / n:.2f} ({(s['sentence_passes'] - s['iterations']) / n:.2f} "
-        f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f}"
-    )
+    return (f"insertion decoding ({decoding}): {s['sentences']} sentences, "
+            f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
+            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
+            f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
+            f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}, "
+            f"passes per sentence {s['sentence_passes'] / n:.2f} ({(s['sentence_passes'] - s['iterations']) / n:.2f} "
+            f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f}")
 
 
 def _log_summary(decoding: str, stats: Dict[str, int]) -> None:

@@ -35,15 +35,12 @@ class InsertionHubInterface(GeneratorHubInterface):
         if len(constraints) != len(sentences) or any(isinstance(c, str) for c in constraints):
             raise ValueError(f"constraints: give one list of strings per sentence ({len(sentences)} sentences); "
                              f"got {constraints!r}")
-
-        def encode_fn(x: str) -> str:
-            return self.apply_bpe(self.tokenize(x))
-
         # packed (N, C), row i for sentence id i; the task's inference_step takes each batch's rows. A sentence
         # the task will not translate (over-long) keeps none: its result is empty
         over = set(self.task.over_long([self.encode(s) for s in sentences]))
         constraints_by_id = pack_constraints([
-            encode_constraints([] if i in over else cs, encode_fn, self.tgt_dict, f"sentence {i} ({s!r})")
+            encode_constraints([] if i in over else cs, lambda x: self.apply_bpe(self.tokenize(x)), self.tgt_dict,
+                               f"sentence {i} ({s!r})")
             for i, (s, cs) in enumerate(zip(sentences, constraints))])
         step_args = {**(kwargs.pop("inference_step_args", None) or {}), "constraints_by_id": constraints_by_id}
         return self._decode_all(sentences, beam, verbose, constraints=constraint_order,

@@ -64,10 +64,8 @@ def _replace_fairseq_registration(name: str) -> None:
         ARCH_CONFIG_REGISTRY.pop(arch, None)
     MODEL_REGISTRY.pop(name, None)
     MODEL_DATACLASS_REGISTRY.pop(name, None)
-    logger.info(
-        "fairseq_insertion: replaced fairseq's built-in model %r (%s.%s, archs %s) with the plugin's",
-        name, existing.__module__, existing.__name__, archs,
-    )
+    logger.info("fairseq_insertion: replaced fairseq's built-in model %r (%s.%s, archs %s) with the plugin's", name,
+                existing.__module__, existing.__name__, archs)
 
 
 _replace_fairseq_registration(MODEL_NAME)
@@ -100,14 +98,12 @@ class InsertionDecoder(TransformerDecoderBase):
         self.recomputed = 0  # --recomputed-layers: its top layers re-read the whole canvas each pass
 
     def slot_states(self, prev_output_tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]) -> Tensor:
-        """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (in decoding:
-        :func:`~fairseq_insertion.fast_decoder.cached_slot_states`)."""
+        """Framed canvas (B, T+2) -> slot states H (B, T+1, C) (decoding: :func:`~.fast_decoder.cached_slot_states`)."""
         x, _ = self.extract_features(prev_output_tokens, encoder_out, full_context_alignment=True)  # (B, T+2, C)
         return self.pair_slots(x)
 
     def pair_slots(self, x: Tensor) -> Tensor:
-        """Final decoder states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C):
-        each adjacent pair, concatenated and projected (:func:`~fairseq_insertion.weights.slot_states`)."""
+        """Final states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C) (:func:`~.weights.slot_states`)."""
         return slot_states(x, slot_head(self))  # (B, T+1, C)
 
     def forward(  # type: ignore[override]
@@ -118,8 +114,7 @@ class InsertionDecoder(TransformerDecoderBase):
         fp32 (padding slots masked by :meth:`InsertionTransformerModel.slot_log_probs`).
         The cached decoder (``--cached-decoder``) in training: prev_output_tokens is the framed target, ``levels``
         (B, T+2) the pass that inserts each column (:func:`~fairseq_insertion.pass_decoder.framed_levels`),
-        ``target_lengths`` (B,); returns every pass's slots (:class:`TrajectoryOutput`).
-        """
+        ``target_lengths`` (B,); returns every pass's slots (:class:`TrajectoryOutput`)."""
         if self.fractional is not None:
             return trajectory_output(self, prev_output_tokens, levels, target_lengths, encoder_out)  # type: ignore
         H = self.slot_states(prev_output_tokens, encoder_out)
@@ -219,8 +214,7 @@ class InsertionTransformerModel(TransformerModel):
                         **kwargs) -> InsertionHubInterface:
         """fairseq's hub loader, returning an :class:`~fairseq_insertion.hub_interface.InsertionHubInterface`,
         on which ``translate(src, constraints=[...])`` works."""
-        # an archive is extracted safely into a new folder (fairseq's extraction has no member filter and
-        # replaces the archive by a folder); a checkpoint that is not one is refused naming the file
+        # an archive: extracted safely (local_model_dir); a file that is not a checkpoint: refused, named
         model_dir = local_model_dir(model_name_or_path)
         if data_name_or_path is not None and not str(data_name_or_path).startswith("."):
             data_name_or_path = local_model_dir(data_name_or_path)
@@ -282,12 +276,11 @@ class InsertionTransformerModel(TransformerModel):
 
     def decode_slots(self, framed: Tensor, cache: Union[EncoderCache, PassCache], select: Tensor,
                      may_close: Optional[Tensor] = None, fresh: Optional[Tensor] = None) -> SlotPass:
-        """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single
-        canvas has no padding); select: (A, S) the slots that may receive a token (real and open);
-        may_close (N,): the selected slots the closure head may close (None: the head is not used);
-        fresh (A, S+1): the cached decoder's, the canvas columns not in its cache yet (None: none).
-        Returns the content log-scores (fp32, unnormalised: their softmax is p(c | l)) of the selected slots the
-        head left open, and log p(l) (A, S) in fp32."""
+        """One decoding pass. framed: (A, S+1) canvases, trimmed to the longest (a single canvas has no padding);
+        select: (A, S) the slots that may receive a token (real and open); may_close (N,): the selected slots the
+        closure head may close (None: the head is not used); fresh (A, S+1): the cached decoder's, the canvas columns
+        not in its cache yet (None: none). Returns the content log-scores (fp32, unnormalised: their softmax is
+        p(c | l)) of the selected slots the head left open, and log p(l) (A, S) in fp32."""
         passed = None
         if isinstance(cache, PassCache):
             x, passed = pass_states(self.decoder, framed, framed.eq(-1) if fresh is None else fresh, cache)
@@ -305,9 +298,6 @@ class InsertionTransformerModel(TransformerModel):
         content, location = self.decoder.head(H, real, self.decoder.output_layer, select)
         return SlotPass(content, location.float().masked_fill(~real, float("-inf")).log_softmax(-1), closed,
                         close_log_probs, states, passed)
-
-    def max_decoder_positions(self) -> int:
-        return self.decoder.max_positions()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """Refuse a checkpoint that does not fit this model: embedding tables that do not fit :attr:`dictionary_files`

@@ -16,14 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import canvas as C
-from . import fast_decoder as FD
 from . import loop as L
 from .decoding import TORCH
-from .fast_decoder import EncoderCache, _activation, encoder_keys_values_per_layer, uncovered
-from .weights import Projection, blocks, residual, slot_head
+from .fast_decoder import EncoderCache, encoder_keys_values_per_layer, layers, uncovered
+from .weights import Projection, slot_head
 
 OPTION = "--cached-decoder"
-BOS_EOS_LEVEL = -1  # bos and eos come before every inserted token
 
 
 class FractionalPositions(nn.Module):
@@ -43,8 +41,7 @@ class FractionalPositions(nn.Module):
 
 
 def check_layers(decoder: nn.Module) -> None:
-    """Refuse, in one line, decoder layers the cached decoder does not run (those of
-    :func:`fairseq_insertion.fast_decoder.uncovered`)."""
+    """Refuse, in one line, the decoder layers the cached decoder does not run (:func:`~.fast_decoder.uncovered`)."""
     found = uncovered(decoder)
     if found:
         raise ValueError(f"{OPTION} runs plain pre- or post-norm decoder layers with encoder attention; train "
@@ -64,44 +61,6 @@ def cached_layers(decoder: nn.Module) -> range:
     return range(len(decoder.layers) - decoder.recomputed)
 
 
-def layers(decoder: nn.Module, x: Tensor, keep: Tensor, enc: EncoderCache,
-           past: Optional[List[Tuple[Tensor, Tensor]]] = None, fused: Optional[List[Projection]] = None,
-           span: Optional[range] = None) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
-    """The decoder layers ``span`` (all by default) over ``x`` (T, A, C) (embedded, positions added, or the states
-    of the layer below): each token attends to the tokens ``keep`` (A, 1, T or 1, M + T) allows of the ``past`` keys
-    and values (one a layer of the span, (A, heads, M, d) each; None: M = 0) and of its own; after the last layer,
-    the final layer norm and output projection. Returns the states (A, T, C) and each layer's keys and values, past
-    and new (A, heads, M + T, d)."""
-    kv: List[Tuple[Tensor, Tensor]] = []
-    span = range(len(decoder.layers)) if span is None else span
-    for j, i in enumerate(span):
-        layer = decoder.layers[i]
-
-        def own_attention(h: Tensor, layer=layer, i=i, j=j) -> Tensor:
-            out, k, v = FD.self_attention(layer.self_attn, h, keep, None if past is None else past[j],
-                                          None if fused is None else fused[i])
-            kv.append((k, v))
-            return out
-
-        sublayers = {"self_attn": own_attention,
-                     "encoder_attn": lambda h, layer=layer, i=i: FD.attention(
-                         layer.encoder_attn, FD.heads(layer.encoder_attn, layer.encoder_attn.q_proj(h)),
-                         enc.keys[i], enc.values[i], enc.source_keep, h.shape),
-                     "ffn": lambda h, layer=layer: layer.fc2(layer.activation_dropout_module(
-                         _activation(layer, layer.fc1(h))))}
-        for name, norm in blocks(layer):
-            x = residual(x, sublayers[name], norm, layer.normalize_before,
-                         lambda a, y, layer=layer: layer.dropout_module(y) + a)
-    if span.stop < len(decoder.layers):
-        return x.transpose(0, 1), kv
-    if decoder.layer_norm is not None:
-        x = decoder.layer_norm(x)
-    x = x.transpose(0, 1)  # (A, T, C)
-    if decoder.project_out_dim is not None:
-        x = decoder.project_out_dim(x)
-    return x, kv
-
-
 def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderCache,
                fused: Optional[List[Projection]] = None) -> Tensor:
     """The top ``--recomputed-layers`` over whole canvases, full attention as in the plain decoder: x (A, T, C) the
@@ -109,7 +68,7 @@ def recomputed(decoder: nn.Module, x: Tensor, real: Tensor, enc: EncoderCache,
     if not decoder.recomputed:
         return x
     span = range(len(decoder.layers) - decoder.recomputed, len(decoder.layers))
-    return layers(decoder, x.transpose(0, 1), real[:, None, None, :], enc, None, fused, span)[0]
+    return layers(decoder, x.transpose(0, 1), real[:, None, None, :], enc, None, fused, span)
 
 
 def _embed(decoder: nn.Module, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -138,7 +97,7 @@ def framed_levels(target_lengths: Tensor, max_len: int, trajectory: str = "balan
     levels = C.tree_levels(target_lengths, max_len) if trajectory == "balanced" \
         else C.sample_tree_levels(target_lengths, max_len, tau)
     levels = levels.masked_fill(~real, max_len + 1)  # (B, N)
-    return L.frame(TORCH, levels, target_lengths, BOS_EOS_LEVEL, BOS_EOS_LEVEL, max_len + 1)
+    return L.frame(TORCH, levels, target_lengths, -1, -1, max_len + 1)  # bos and eos: -1, before every inserted token
 
 
 def _token_levels(levels: Tensor) -> Tensor:
@@ -147,46 +106,36 @@ def _token_levels(levels: Tensor) -> Tensor:
     return tokens.masked_fill(tokens.lt(0), levels.size(1) - 1)
 
 
-def trajectory_positions(positions: FractionalPositions, levels: Tensor, target_lengths: Tensor) -> Tensor:
-    """(B, N + 2, C) the position vectors of the framed target, pass by pass: each token's from those of its
-    neighbours on the canvas it is inserted into. levels: :func:`framed_levels`, or any order in which the tokens of
-    one pass have tokens of earlier passes (or bos, eos) on both sides."""
-    B, T = levels.shape
-    N = T - 2
-    col = torch.arange(T, device=levels.device).unsqueeze(0)  # (1, T)
-    p_bos, p_eos = positions.ends[0], positions.ends[1]
-    P = torch.where(col.eq(0).unsqueeze(-1), p_bos, torch.zeros_like(p_bos))
-    P = torch.where(col.eq(target_lengths.unsqueeze(1) + 1).unsqueeze(-1), p_eos, P)  # (B, T, C)
-    tokens = _token_levels(levels)  # (B, N)
-    passes = int(tokens.masked_fill(tokens.gt(N), -1).max()) + 1 if tokens.numel() else 0
-    for d in range(passes):  # one step per pass (tree level)
-        _, start, end = C.slot_spans(tokens < d, target_lengths)  # (B, N) each: the span around each new token
-        left, right = start, end + 2  # framed columns of its neighbours on the canvas of levels < d
-        new = positions.between(_rows(P, left), _rows(P, right))  # (B, N, C)
-        at = F.pad(tokens.eq(d), (1, 1)).unsqueeze(-1)  # (B, T, 1)
-        P = torch.where(at, F.pad(new, (0, 0, 1, 1)), P)
-    return P
-
-
 def _rows(x: Tensor, index: Tensor) -> Tensor:
     """x (B, T, C), index (B, N) -> (B, N, C)."""
     return x.gather(1, index.clamp(0, x.size(1) - 1).unsqueeze(-1).expand(-1, -1, x.size(2)))
-
-
-def pass_mask(levels: Tensor, pad_level: int) -> Tensor:
-    """(B, 1, T, T): position i attends to position j when j is inserted in i's pass or before it (bos and eos
-    first), padding never."""
-    return (levels.unsqueeze(1) <= levels.unsqueeze(2)).logical_and(levels.ne(pad_level).unsqueeze(1)).unsqueeze(1)
 
 
 def trajectory_states(decoder: nn.Module, framed: Tensor, levels: Tensor, target_lengths: Tensor,
                       enc: EncoderCache) -> Tensor:
     """The cached layers' states (B, N + 2, C) of the framed target ``framed`` (B, N + 2) under the pass mask (the
     final states when every layer is cached): each position's as the cached decoder computes it in the pass after its
-    insertion."""
-    positions = trajectory_positions(decoder.fractional, levels, target_lengths)  # (B, T, C)
-    x = _embed(decoder, framed, positions)  # (T, B, C)
-    return layers(decoder, x, pass_mask(levels, framed.size(1) - 1), enc, span=cached_layers(decoder))[0]
+    insertion, its position vector from those of its neighbours on the canvas it is inserted into. levels:
+    :func:`framed_levels`, or any order in which the tokens of one pass have tokens of earlier passes (or bos, eos) on
+    both sides."""
+    B, T = levels.shape
+    N = T - 2
+    col = torch.arange(T, device=levels.device).unsqueeze(0)  # (1, T)
+    p_bos, p_eos = decoder.fractional.ends[0], decoder.fractional.ends[1]
+    P = torch.where(col.eq(0).unsqueeze(-1), p_bos, torch.zeros_like(p_bos))
+    P = torch.where(col.eq(target_lengths.unsqueeze(1) + 1).unsqueeze(-1), p_eos, P)  # (B, T, C)
+    tokens = _token_levels(levels)  # (B, N)
+    passes = int(tokens.masked_fill(tokens.gt(N), -1).max()) + 1 if tokens.numel() else 0
+    for d in range(passes):  # one step per pass (tree level): the position vectors of its tokens
+        _, start, end = C.slot_spans(tokens < d, target_lengths)  # (B, N) each: the span around each new token
+        # start, end + 2: the framed columns of its neighbours on the canvas of levels < d
+        new = decoder.fractional.between(_rows(P, start), _rows(P, end + 2))  # (B, N, C)
+        at = F.pad(tokens.eq(d), (1, 1)).unsqueeze(-1)  # (B, T, 1)
+        P = torch.where(at, F.pad(new, (0, 0, 1, 1)), P)
+    x = _embed(decoder, framed, P)  # (T, B, C)
+    # (B, 1, T, T): i attends to j inserted in i's pass or before it (bos and eos first), padding (level T - 1) never
+    mask = (levels.unsqueeze(1) <= levels.unsqueeze(2)).logical_and(levels.ne(framed.size(1) - 1).unsqueeze(1))
+    return layers(decoder, x, mask.unsqueeze(1), enc, span=cached_layers(decoder))
 
 
 class TrajectorySlots(NamedTuple):
@@ -215,17 +164,6 @@ def trajectory_slots(levels: Tensor, target_lengths: Tensor) -> TrajectorySlots:
     return TrajectorySlots(sentence, keep, left, L.slot_mask(TORCH, k, canvas.size(1) + 1))
 
 
-def slot_pairs(states: Tensor, slots: TrajectorySlots, target_lengths: Tensor) -> Tensor:
-    """The neighbours' final states of every slot, concatenated: states (B, N + 2, C) -> (R, S, 2C). A slot's
-    right neighbour is the next canvas token (eos after the last)."""
-    x = states[slots.sentence]  # (R, T, C)
-    eos = (target_lengths[slots.sentence] + 1).unsqueeze(1)  # (R, 1)
-    k = slots.real.sum(1, keepdim=True) - 1  # (R, 1) canvas lengths
-    last = torch.arange(slots.real.size(1), device=k.device).unsqueeze(0) >= k  # (R, S) the last slot and padding
-    right = torch.where(last, eos, F.pad(slots.left[:, 1:], (0, 1)))  # (R, S)
-    return torch.cat([_rows(x, slots.left), _rows(x, right)], -1)
-
-
 class TrajectoryOutput(NamedTuple):
     """The cached decoder's training output (:func:`trajectory_output`): every pass's slots."""
 
@@ -244,14 +182,17 @@ def trajectory_output(decoder: nn.Module, framed: Tensor, levels: Optional[Tenso
     enc = encoder_side(decoder, encoder_out)
     states = trajectory_states(decoder, framed, levels, target_lengths, enc)  # (B, N + 2, C)
     slots = trajectory_slots(levels, target_lengths)
+    x = states[slots.sentence]  # (R, T, C)
+    k = slots.real.sum(1, keepdim=True) - 1  # (R, 1) canvas lengths
+    eos = (target_lengths[slots.sentence] + 1).unsqueeze(1)  # (R, 1) eos's framed column
     if decoder.recomputed:  # each pass's canvas through the top layers: (R, S + 1) columns, bos to eos
-        k = slots.real.sum(1, keepdim=True) - 1  # (R, 1)
-        columns = F.pad(slots.left, (0, 1)).scatter(1, k + 1, (target_lengths[slots.sentence] + 1).unsqueeze(1))
+        columns = F.pad(slots.left, (0, 1)).scatter(1, k + 1, eos)
         real = torch.arange(columns.size(1), device=k.device).unsqueeze(0) <= k + 1  # (R, S + 1)
-        rows = enc.select(slots.sentence)
-        H = decoder.pair_slots(recomputed(decoder, _rows(states[slots.sentence], columns), real, rows))  # (R, S, C)
-    else:
-        H = slot_head(decoder).pair(slot_pairs(states, slots, target_lengths))  # (R, S, C)
+        H = decoder.pair_slots(recomputed(decoder, _rows(x, columns), real, enc.select(slots.sentence)))  # (R, S, C)
+    else:  # each slot's neighbours' final states, concatenated (right: the next canvas token, eos after the last)
+        last = torch.arange(slots.real.size(1), device=k.device).unsqueeze(0) >= k  # (R, S) the last slot and padding
+        right = torch.where(last, eos, F.pad(slots.left[:, 1:], (0, 1)))  # (R, S)
+        H = slot_head(decoder).pair(torch.cat([_rows(x, slots.left), _rows(x, right)], -1))  # (R, S, C)
     content, location = decoder.head(H, slots.real, decoder.output_layer, slots.real)  # (M, V), (R, S)
     return TrajectoryOutput(content, location, slots)
 
@@ -272,9 +213,7 @@ class PassCache(NamedTuple):
     def select(self, order: Tensor) -> "PassCache":
         """The rows ``order`` (A',), in that order."""
         return PassCache(self.encoder.select(order), [k.index_select(0, order) for k in self.keys],
-                         [v.index_select(0, order) for v in self.values], self.positions.index_select(0, order),
-                         self.states.index_select(0, order), self.real.index_select(0, order),
-                         self.index.index_select(0, order))
+                         [v.index_select(0, order) for v in self.values], *(t.index_select(0, order) for t in self[3:]))
 
 
 def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int, eos: int) -> PassCache:
@@ -282,8 +221,9 @@ def start_cache(decoder: nn.Module, encoder: EncoderCache, batch: int, bos: int,
     device = decoder.fractional.ends.device
     framed = torch.tensor([[bos, eos]], device=device).expand(batch, 2)  # (A, 2)
     positions = decoder.fractional.ends.unsqueeze(0).expand(batch, 2, -1)  # (A, 2, C)
-    states, kv = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
-                        encoder, None, _fused(encoder), cached_layers(decoder))
+    kv: List[Tuple[Tensor, Tensor]] = []
+    states = layers(decoder, _embed(decoder, framed, positions), framed.new_ones(batch, 1, 1, 2, dtype=torch.bool),
+                    encoder, None, _fused(encoder), cached_layers(decoder), kv)
     return PassCache(encoder, [k for k, _ in kv], [v for _, v in kv], positions, states,
                      framed.new_ones(batch, 2, dtype=torch.bool), torch.arange(2, device=device).expand(batch, 2))
 
@@ -311,17 +251,18 @@ def pass_states(decoder: nn.Module, framed: Tensor, fresh: Tensor, cache: PassCa
     index = torch.where(fresh, M + fresh.long().cumsum(1) - 1, index)  # (A, T + 2) fresh: appended in canvas order
     if W == 0:
         cache = cache._replace(index=index)
-        return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache.encoder)), cache
-    left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
-    positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
-    tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
-    new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
-    keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
-    states, kv = layers(decoder, _embed(decoder, tokens, positions), keep, cache.encoder,
-                        list(zip(cache.keys, cache.values)), _fused(cache.encoder), cached_layers(decoder))  # (A, W, C)
-    cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
-                      torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
-                      torch.cat([cache.real, new], 1), index)
+    else:
+        left, right = _rows(cache.positions, index.roll(1, 1)), _rows(cache.positions, index.roll(-1, 1))
+        positions = _compact(fresh, decoder.fractional.between(left, right), W, 0.0)  # (A, W, C)
+        tokens = _compact(fresh, framed, W, decoder.padding_idx)  # (A, W)
+        new = torch.arange(W, device=framed.device).unsqueeze(0) < n_fresh.unsqueeze(1)  # (A, W)
+        keep = torch.cat([cache.real, new], 1)[:, None, None, :]  # (A, 1, 1, M + W) fresh tokens share a pass
+        kv: List[Tuple[Tensor, Tensor]] = []
+        states = layers(decoder, _embed(decoder, tokens, positions), keep, cache.encoder,  # (A, W, C)
+                        list(zip(cache.keys, cache.values)), _fused(cache.encoder), cached_layers(decoder), kv)
+        cache = PassCache(cache.encoder, [k for k, _ in kv], [v for _, v in kv],
+                          torch.cat([cache.positions, positions], 1), torch.cat([cache.states, states], 1),
+                          torch.cat([cache.real, new], 1), index)
     return recomputed(decoder, _rows(cache.states, index), real, cache.encoder, _fused(cache.encoder)), cache
 
 

@@ -19,11 +19,9 @@ logger = logging.getLogger(__name__)
 
 
 def for_decoding(model: nn.Module, precision: str) -> nn.Module:
-    """Convert ``model`` (in eval mode) in place for decoding at ``precision``; returns it.
-
-    Raises ``ValueError`` naming the option where the precision cannot run here (int8 on a
-    GPU or without a quantized engine, bf16 on a GPU without bf16). Converting twice is a no-op.
-    """
+    """Convert ``model`` (in eval mode) in place for decoding at ``precision``; returns it. Raises ``ValueError``
+    naming the option where the precision cannot run here (int8 on a GPU or without a quantized engine, bf16 on a GPU
+    without bf16). Converting twice is a no-op."""
     if precision not in PRECISIONS or not PRECISIONS[precision].torch:
         raise ValueError(f"--decode-precision must be one of {offered('torch')}, got {precision!r}")
     if precision == "fp32":
@@ -32,9 +30,14 @@ def for_decoding(model: nn.Module, precision: str) -> nn.Module:
     if precision == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(f"--decode-precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16")
-        if device.type == "cpu" and not bf16_supported_on_cpu():
-            logger.warning("--decode-precision bf16: this CPU has no native bfloat16 (oneDNN reports none): "
-                           "it is emulated and likely slower than fp32")
+        if device.type == "cpu":
+            try:  # whether oneDNN runs bfloat16 natively on this CPU
+                native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            except (AttributeError, RuntimeError):
+                native = False
+            if not native:
+                logger.warning("--decode-precision bf16: this CPU has no native bfloat16 (oneDNN reports none): "
+                               "it is emulated and likely slower than fp32")
         return model.to(torch.bfloat16)
     if device.type != "cpu":
         raise ValueError(f"--decode-precision int8 runs on the CPU only (dynamic quantization); the model is on "
@@ -56,11 +59,3 @@ def for_decoding(model: nn.Module, precision: str) -> nn.Module:
 
 def _quantized_engine() -> str:
     return torch.backends.quantized.engine
-
-
-def bf16_supported_on_cpu() -> bool:
-    """Whether oneDNN runs bfloat16 natively on this CPU."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False

@@ -225,7 +225,6 @@ def _bpe(path: str, separator: str, stamp: Tuple[int, int]) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _spm(path: str, stamp: Tuple[int, int]) -> Any:
-    """The SentencePiece model of a file."""
     try:
         import sentencepiece
     except ImportError as exc:

@@ -3,11 +3,16 @@
 :func:`per_row` rewrites an exported fp32 graph (the branches of an ``If`` included) so that every product by a
 weight matrix runs in int8 (onnxruntime's ``MatMulIntegerToFloat``, int32 sums: exact at any batch size), each
 activation quantized once (``Abs``, ``ReduceMax``, ``Div``, ``QuantizeLinear``) and shared by the products that read
-it. The location query's one column and the products by a graph input stay fp32. Only numpy and onnx.
+it. The location query's one column and the products by a graph input stay fp32. :data:`REWRITES`: the export's
+``--int8`` schemes on a graph file, in place: :func:`per_row` and onnxruntime's dynamic quantization. Only numpy and
+onnx (onnxruntime's quantizer for ``dynamic``).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
@@ -44,13 +49,6 @@ class _Rewriter:
         out = self.fresh(op_type.lower())
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, domain=domain, **attrs))
         return out
-
-    def matrix(self, name: str) -> "np.ndarray | None":
-        """The weight matrix (K, N) a product reads as its second input, or None (a graph input, a vector)."""
-        w = self.weights.get(name)
-        if w is None or len(w.dims) != 2 or min(w.dims) < 2 or w.data_type != TensorProto.FLOAT:
-            return None
-        return numpy_helper.to_array(w)
 
     def rows(self, x: str) -> Tuple[str, str, str, float]:
         """x (..., K) float -> its uint8 rows, their scales up to a constant (max |x| of each row, (..., 1)), the
@@ -98,7 +96,9 @@ class _Rewriter:
         """Rewrite the graph's products in place; the number rewritten."""
         rewritten = 0
         for node in self.graph.node:
-            w = self.matrix(node.input[1]) if len(node.input) > 1 else None
+            w = self.weights.get(node.input[1]) if len(node.input) > 1 else None  # a product's weight matrix (K, N)
+            w = numpy_helper.to_array(w) if w is not None and len(w.dims) == 2 and min(w.dims) > 1 \
+                and w.data_type == TensorProto.FLOAT else None  # not a graph input or a vector
             if w is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
                 self.product(node.input[0], w, node.output[0])
             elif w is not None and node.op_type == "Attention" and node.domain == MS and len(node.input) <= 4 \
@@ -148,3 +148,45 @@ def per_row(model: "onnx.ModelProto") -> int:
     """Rewrite ``model``'s products by weight matrices (every graph in it, nested ones first) into int8 with
     per-row activation scales, in place; the number of products rewritten."""
     return sum(_Rewriter(graph).run() for graph in reversed(list(graphs(model.graph))))
+
+
+def _per_row(out: Path, name: str) -> None:
+    model = onnx.load(str(out / name))
+    per_row(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out / name))
+
+
+def _dynamic(out: Path, name: str) -> None:
+    """onnxruntime's dynamic quantization of the graph ``name``, in place (int8 weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    nested = list(graphs(onnx.load(str(out / name)).graph))  # an If's branches too
+    dims = {w.name: w.dims for graph in nested for w in graph.initializer}
+    # the products by a weight matrix (and the fused self-attention's q/k/v); attention itself and the
+    # one-column location query (quantizing its input would cost more than the product) stay fp32
+    nodes = [n.name for graph in nested for n in graph.node if n.op_type in ("MatMul", "Attention")
+             and n.input[1] in dims and min(dims[n.input[1]]) > 1]
+    options = {"DefaultTensorType": TensorProto.FLOAT, **({"EnableSubgraph": True} if len(nested) > 1 else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        q = Path(tmp) / name
+        quantize_dynamic(str(out / name), str(q), weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
+                         extra_options=options)
+        if len(nested) > 1:
+            _typed_casts(q)
+        shutil.move(str(q), out / name)
+
+
+def _typed_casts(path: Path) -> None:
+    """In an If's branch the quantizer leaves the Cast of some products' int32 result (the fused attention's output)
+    untyped: float, as DefaultTensorType types them at a graph's top level."""
+    model = onnx.load(str(path))
+    for graph in graphs(model.graph):
+        for node in graph.node:
+            for attribute in node.attribute:
+                if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.UNDEFINED:
+                    attribute.i = TensorProto.FLOAT
+    onnx.save(model, str(path))
+
+
+REWRITES = {"per-row": _per_row, "dynamic": _dynamic}  # config.INT8_SCHEMES' rewrites of a graph file, in place

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from fairseq.data import Dictionary, data_utils, indexed_dataset
@@ -154,36 +154,27 @@ def best_translations(pair_s: np.ndarray, pair_t: np.ndarray, pair_count: np.nda
     return table
 
 
-def most_frequent(tgt: Side, vt: int, nspecial: int, f: int) -> np.ndarray:
-    """(<= f,) the f target ids of most tokens (ties: the lower id), the specials and unseen ids aside."""
-    counts = np.bincount(tgt.tokens, minlength=vt)  # (vt,)
-    counts[:nspecial] = 0
-    ids = np.lexsort((np.arange(vt), -counts))[:f]  # most tokens first, then the lower id
-    return ids[counts[ids] > 0].astype(np.int64)
-
-
 def check_sizes(frequent: int, translations: int) -> None:
     for name, value in (("--frequent", frequent), ("--translations", translations)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
             raise ShortlistError(f"{name} must be an integer >= 0, got {value!r}")
 
 
-def build_from(d: DataBin, frequent: int = 200, translations: int = 50, split: str = "train") -> Shortlist:
-    """:func:`build` on an opened data-bin."""
+def build(data: Union[Path, DataBin], frequent: int = 200, translations: int = 50, split: str = "train",
+          source_lang: Optional[str] = None, target_lang: Optional[str] = None) -> Shortlist:
+    """The shortlist table of ``data``'s ``split`` (the module's docstring), ``data`` a data-bin's path or one
+    :func:`open_data` opened; :class:`ShortlistError` names bad input."""
+    d = data if isinstance(data, DataBin) else open_data(Path(data), source_lang, target_lang)
     check_sizes(frequent, translations)
     src, tgt = read_split(d, split)
     vs, vt = len(d.source), len(d.target)
-    pair_s, pair_t, pair_count, s_count, t_count = cooccurrences(src, tgt, vs, vt, d.source.nspecial,
-                                                                 d.target.nspecial)
-    return Shortlist(frequent=most_frequent(tgt, vt, d.target.nspecial, frequent),
+    pair_s, pair_t, pair_count, s_count, t_count = cooccurrences(src, tgt, vs, vt, d.source.nspecial, d.target.nspecial)
+    counts = np.bincount(tgt.tokens, minlength=vt)  # (vt,) the frequent: the target ids of most tokens, specials aside
+    counts[:d.target.nspecial] = 0
+    ids = np.lexsort((np.arange(vt), -counts))[:frequent]  # most tokens first, then the lower id
+    return Shortlist(frequent=ids[counts[ids] > 0].astype(np.int64),  # unseen ids aside
                      translations=best_translations(pair_s, pair_t, pair_count, s_count, t_count, translations),
                      target_vocab=vt)
-
-
-def build(data: Path, frequent: int = 200, translations: int = 50, split: str = "train",
-          source_lang: Optional[str] = None, target_lang: Optional[str] = None) -> Shortlist:
-    """The shortlist table of ``data``'s ``split`` (the module's docstring); :class:`ShortlistError` names bad input."""
-    return build_from(open_data(Path(data), source_lang, target_lang), frequent, translations, split)
 
 
 def coverage_of(table: Shortlist, d: DataBin, split: str) -> Coverage:
@@ -235,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.out.parent.is_dir():
             raise ShortlistError(f"--out {args.out}: no such directory {args.out.parent}")
         started = time.perf_counter()
-        table = build_from(d, args.frequent, args.translations, args.split)
+        table = build(d, args.frequent, args.translations, args.split)
         table.save(args.out)
         seconds = time.perf_counter() - started
         c = coverage_of(table, d, args.check) if args.check is not None else None

@@ -8,8 +8,6 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .weights import location_logits
-
 CONTENT_LOCATION = ("factorized", "joint")
 
 
@@ -53,8 +51,7 @@ class SlotHead(nn.Module):
         """H: (B, S, h) slot states; real: (B, S) True at real slots; project: x -> x W.
 
         select: (B, S) bool, decoding only: score the content of these slots alone; content is then (N, V) for the N
-        selected slots in row-major order, and in the joint variant the location logits of the other slots are -inf.
-        """
+        selected slots in row-major order, and in the joint variant the location logits of the other slots are -inf."""
         B, S, h = H.shape
         bias = None
         if self.context_bias is not None:
@@ -78,7 +75,7 @@ class SlotHead(nn.Module):
                 z = z.log_softmax(-1)  # each component normalised per slot
             content = (log_pi + z).logsumexp(-2)  # (..., V)
         if not self.joint:
-            location = location_logits(H, self.location_query)  # (B, S)
+            location = H.matmul(self.location_query.to(H.dtype)).float()  # (B, S) H q, in fp32
         elif select is None:
             location = content.logsumexp(-1)  # (B, S)
         else:

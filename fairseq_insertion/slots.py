@@ -255,16 +255,13 @@ def closing_graph(g: Any, closure: Any, states: str, inputs: Mapping[str, str]) 
     return rows, g.op("Log", g.op("Sigmoid", logits))  # (N, 1), accurate where it closes (a logit above 0)
 
 
-def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, eos: int, chosen: Sequence[str]
-                    ) -> None:
+def closing_outputs(g: Any, rows: str, close_log_probs: str, eos_penalty: str, eos: int, chosen: Sequence[str]) -> None:
     """The pass graph's outputs of every open slot from ``chosen`` (of the slots ``rows`` (N',)), as :func:`closing`."""
     tokens, log_probs, eos_log_probs = chosen
     at = g.op("Unsqueeze", rows, g.ints(1))  # (N', 1)
     shape = g.op("Concat", g.op("Shape", close_log_probs, end=1), g.op("Shape", tokens, start=1), axis=0)  # (N, k)
-    g.output("ScatterND", "tokens", g.op("Expand", g.const(np.asarray([[eos]], np.int64), "eos_id"), shape), at,
-             tokens)
-    g.output("ScatterND", "log_probs", g.op("Expand", g.op("Sub", close_log_probs, eos_penalty), shape), at,
-             log_probs)
+    g.output("ScatterND", "tokens", g.op("Expand", g.const(np.asarray([[eos]], np.int64), "eos_id"), shape), at, tokens)
+    g.output("ScatterND", "log_probs", g.op("Expand", g.op("Sub", close_log_probs, eos_penalty), shape), at, log_probs)
     g.output("ScatterND", "eos_log_probs", close_log_probs, at, eos_log_probs)
 
 

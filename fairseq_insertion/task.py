@@ -30,8 +30,7 @@ from .fairseq_fixes import (
     EMPTY_SOURCE,
     atomic_checkpoint_copies,
     command_line_checkpoints,
-    command_line_generation,
-    constraint_lines_on_stdin,
+    command_line_root,
     keep_remainder_batch,
     tolerant_interactive_input,
     tolerate_invalid_utf8_stdin,
@@ -42,8 +41,6 @@ from .precision import for_decoding
 from .rerank import AutoregressiveScorer
 
 logger = logging.getLogger(__name__)
-
-DEFAULTS = DecodingConfig()  # every decoding default lives there
 
 # fairseq's generation options (--beam, --sampling, ...) for an insertion model. Read: by DecodingConfig, or by
 # fairseq's command lines around the generator (--nbest, --print-step, ...); --beam is 1 or fairseq's 5 in the
@@ -101,7 +98,8 @@ class InsertionTranslationTask(TranslationTask):
         atomic_checkpoint_copies()  # fairseq-train's checkpoint_last.pt: never left half copied
         # a decoding option that means nothing is refused before any work (fairseq's command lines: one line,
         # `prog: error: ...`, status 2: see the package's __init__)
-        generation = command_line_generation(cfg)
+        root = command_line_root(cfg)  # fairseq's generation options (--beam, --nbest, ...), before any model loads
+        generation = root.get("generation") if root is not None else None
         DecodingConfig.from_options(cfg, generation)
         check_search_options(generation)
         for path in command_line_checkpoints(cfg):  # fairseq-generate/-interactive --path, loaded next
@@ -146,8 +144,7 @@ class InsertionTranslationTask(TranslationTask):
         """The insertion generator for ``args`` (fairseq's generation options, or the hub's keywords) and this task's
         options, through one :class:`DecodingConfig`; an autoregressive transformer gets fairseq's own generator."""
         tolerate_invalid_utf8_stdin()
-        tolerant_interactive_input(self.cfg)
-        constraint_lines_on_stdin(self.cfg)
+        tolerant_interactive_input(self.cfg)  # and standard input's lines of constraints alone
         constraint_order = getattr(args, "constraints", None)
         if constraint_order is not None and str(constraint_order) not in CONSTRAINT_ORDERS:
             # e.g. a plain GeneratorHubInterface.translate(..., constraints=["word"])
@@ -164,13 +161,31 @@ class InsertionTranslationTask(TranslationTask):
                 raise ValueError("an ensemble of insertion and autoregressive models cannot be decoded together")
             # an autoregressive transformer (e.g. the teacher, timed beside the insertion model at the same
             # --decode-precision): fairseq's own generator, which the insertion decoding options do not reach
-            unused = [FLAGS[f] for f in INSERTION_ONLY if getattr(config, f) != getattr(DEFAULTS, f)]
+            defaults = DecodingConfig()  # every decoding default lives there
+            unused = [FLAGS[f] for f in INSERTION_ONLY if getattr(config, f) != getattr(defaults, f)]
             if unused:
                 logger.warning("an autoregressive model is decoded by fairseq's beam search: %s apply to "
                                "insertion models only and are not used", ", ".join(unused))
-            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs,
-                                           prefix_allowed_tokens_fn)
-        check_generation_options(args, config)
+            return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+        # fairseq's generation options: each read, refused naming it (GENERATION_REFUSED), or named as ignored
+        ignored = []
+        for f in dataclasses.fields(GenerationConfig):
+            value = getattr(args, f.name, f.default)
+            flag, keyword = "--" + f.name.replace("_", "-"), f.name
+            if (f.name in GENERATION_READ or value == f.default or str(value) == str(f.default)
+                    or f.name == "beam" and value == 1):
+                continue
+            if f.name in GENERATION_REFUSED:
+                raise DecodingError(f"{flag} ({keyword}=) needs {GENERATION_REFUSED[f.name]}, which insertion "
+                                    f"decoding does not have; got {value!r}")
+            instead = f" (insertion decoding: {GENERATION_INSTEAD[f.name]})" if f.name in GENERATION_INSTEAD else ""
+            ignored.append(f"{flag}{'' if value is True else f' {value}'}{instead}")
+        if ignored:
+            logger.warning("insertion decoding does not read %s: ignored", ", ".join(ignored))
+        nbest = getattr(args, "nbest", 1) or 1
+        if nbest > len(config.betas):
+            logger.warning("--nbest %d: insertion decoding gives one hypothesis per EOS penalty, %d here (give "
+                           "several with --eos-penalties B1,B2,...)", nbest, len(config.betas))
         if self.constraints_file is not None:
             self.constraints_file.check_sentences({split: len(ds) for split, ds in self.datasets.items()})
         rerank = None
@@ -243,30 +258,6 @@ class InsertionTranslationTask(TranslationTask):
     def get_batch_iterator(self, dataset, *args: Any, **kwargs: Any):
         keep_remainder_batch(dataset)
         return super().get_batch_iterator(dataset, *args, **kwargs)
-
-
-def check_generation_options(args: Any, config: DecodingConfig) -> None:
-    """fairseq's generation options ``args`` for an insertion model decoded as ``config`` says: each is
-    read, refused naming it (:data:`GENERATION_REFUSED`), or named in a warning as ignored."""
-    ignored = []
-    for f in dataclasses.fields(GenerationConfig):
-        value = getattr(args, f.name, f.default)
-        flag, keyword = "--" + f.name.replace("_", "-"), f.name
-        if f.name in GENERATION_READ or value == f.default or str(value) == str(f.default):
-            continue
-        if f.name in GENERATION_REFUSED:
-            raise DecodingError(f"{flag} ({keyword}=) needs {GENERATION_REFUSED[f.name]}, which insertion "
-                                f"decoding does not have; got {value!r}")
-        if f.name == "beam" and value == 1:
-            continue
-        instead = f" (insertion decoding: {GENERATION_INSTEAD[f.name]})" if f.name in GENERATION_INSTEAD else ""
-        ignored.append(f"{flag}{'' if value is True else f' {value}'}{instead}")
-    if ignored:
-        logger.warning("insertion decoding does not read %s: ignored", ", ".join(ignored))
-    nbest = getattr(args, "nbest", 1) or 1
-    if nbest > len(config.betas):
-        logger.warning("--nbest %d: insertion decoding gives one hypothesis per EOS penalty, %d here (give "
-                       "several with --eos-penalties B1,B2,...)", nbest, len(config.betas))
 
 
 class InputLines(list):

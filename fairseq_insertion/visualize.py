@@ -2,14 +2,15 @@
 
     python -m fairseq_insertion.visualize gen.out --id 0 --svg decode.svg [--png decode.png] [--text]
 
-Reads the ``H-``, ``P-``, ``I-`` and ``E-<id>_<step>`` lines of ``fairseq-generate --print-step
---retain-iter-history``. Hand-made SVG, or PNG with matplotlib (the ``plot`` extra). Imports nothing from the
-plugin, nor torch or fairseq.
+Reads the ``H-``, ``P-``, ``I-`` and ``E-<id>_<step>`` lines of ``fairseq-generate --print-step --retain-iter-history``.
+Hand-made SVG, or PNG with matplotlib (the ``plot`` extra). Imports nothing from the plugin, nor torch or fairseq.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import logging
 import math
 import re
@@ -127,13 +128,8 @@ class Decode:
     iteration: list[int]  # per output token: the iteration that inserted it (0: on the initial canvas)
 
     @property
-    def tokens(self) -> list[str]:
-        """The output: the last canvas."""
+    def tokens(self) -> list[str]:  # the output
         return self.rows[-1]
-
-    @property
-    def iterations(self) -> int:
-        return len(self.rows) - 1
 
     @property
     def given(self) -> list[bool]:
@@ -195,9 +191,10 @@ def text_rows(decode: Decode) -> list[str]:
 FONT = 14  # px
 CHAR = 0.6 * FONT  # the advance of a monospace character
 PAD, GAP, ROW, MARGIN = 4.0, 6.0, 26.0, 12.0
-PALETTE = ["#ffd166", "#8ecae6", "#b5e48c", "#f4a3c0", "#cdb4db", "#ffb38a", "#a0e7e5", "#e9c46a",
-           "#bde0fe", "#d9ed92"]  # iteration t: PALETTE[(t - 1) % 10]
+PALETTE = ["#ffd166", "#8ecae6", "#b5e48c", "#f4a3c0", "#cdb4db", "#ffb38a", "#a0e7e5", "#e9c46a", "#bde0fe", "#d9ed92"]
 CONSTRAINT, OLD, INK = "#1d4ed8", "#8a8a8a", "#111111"
+CONSTRAINT_STYLE = {"kind": "constraint", "fill": "#ffffff", "stroke": CONSTRAINT, "dashed": True, "color": CONSTRAINT,
+                    "italic": True}  # a token on the initial canvas, in every row
 
 
 @dataclass
@@ -248,11 +245,8 @@ def layout(decode: Decode, title: str | None = None) -> Picture:
     n = len(decode.tokens)
     widths = [CHAR * max(len(tok), 1) + 2 * PAD for tok in decode.tokens]
     left = MARGIN + CHAR * 5 + GAP
-    xs, x = [], left
-    for w in widths:
-        xs.append(x)
-        x += w + GAP
-    grid_right = x
+    xs = list(itertools.accumulate((w + GAP for w in widths), initial=left))  # each token's x, then the grid's right
+    grid_right = xs.pop()
     title = f"S-{decode.sentence_id}: {decode.source}" if title is None else title
     labels = [Label(MARGIN, MARGIN + FONT, title, FONT, INK),
               Label(MARGIN, MARGIN + 2 * FONT + 8, "iter", FONT * 0.85, OLD)]
@@ -267,27 +261,20 @@ def layout(decode: Decode, title: str | None = None) -> Picture:
             it = decode.iteration[j]
             if it > t:
                 continue
-            cell = Cell(xs[j], y, widths[j], decode.tokens[j], "old", t, j, color=OLD)
-            if it == 0:
-                cell.kind, cell.fill, cell.stroke, cell.dashed = "constraint", "#ffffff", CONSTRAINT, True
-                cell.color, cell.italic = CONSTRAINT, True
-            elif it == t:
-                cell.kind, cell.fill, cell.color, cell.bold = "new", iteration_color(t), INK, True
-            cells.append(cell)
+            style = CONSTRAINT_STYLE if it == 0 else {"kind": "new", "fill": iteration_color(t), "bold": True} \
+                if it == t else {"kind": "old", "color": OLD}
+            cells.append(Cell(xs[j], y, widths[j], decode.tokens[j], row=t, col=j, **style))
     y = top + len(decode.rows) * ROW + 10
     labels.append(Label(MARGIN + CHAR * 4, y + (ROW - 4) / 2 + FONT * 0.35, "out", FONT, INK, "end"))
     for j in range(n):
         it = decode.iteration[j]
-        cell = Cell(xs[j], y, widths[j], decode.tokens[j], "output", None, j, fill=iteration_color(it))
-        if it == 0:
-            cell.kind, cell.fill, cell.stroke, cell.dashed = "constraint", "#ffffff", CONSTRAINT, True
-            cell.color, cell.italic = CONSTRAINT, True
-        cells.append(cell)
+        style = CONSTRAINT_STYLE if it == 0 else {"kind": "output", "fill": iteration_color(it)}
+        cells.append(Cell(xs[j], y, widths[j], decode.tokens[j], row=None, col=j, **style))
         labels.append(Label(xs[j] + widths[j] / 2, y + ROW + FONT, str(it), FONT * 0.85,
                             CONSTRAINT if it == 0 else INK, "middle"))
     bound = math.floor(math.log2(n)) + 1 if n else 0
     y += ROW + FONT + 22
-    notes = [f"{n} tokens, {decode.iterations} iterations (floor(log2 n)+1 = {bound}); "
+    notes = [f"{n} tokens, {len(decode.rows) - 1} iterations (floor(log2 n)+1 = {bound}); "
              "coloured: inserted in that iteration, grey: already there"]
     if any(decode.given):
         notes.append("dashed: constraint, on the canvas from the start (iteration 0)")
@@ -375,11 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--text", action="store_true", help="print the rows as text: [new] tokens, {initial} tokens")
     args = p.parse_args(argv)
     try:
-        if args.generate_output == "-":
-            sentences = read_generate_output(sys.stdin)
-        else:
-            with open(args.generate_output, encoding="utf-8", errors="replace") as f:
-                sentences = read_generate_output(f)
+        with (contextlib.nullcontext(sys.stdin) if args.generate_output == "-"
+              else open(args.generate_output, encoding="utf-8", errors="replace")) as f:
+            sentences = read_generate_output(f)
         if not sentences:
             raise VisualizeError(f"{args.generate_output}: no fairseq-generate output lines (S-/H-/I-/E-)")
         sid = next(iter(sentences)) if args.id is None else args.id

@@ -86,8 +86,3 @@ def slot_states(x: Tensor, head: SlotHeadWeights) -> Tensor:
     """Final decoder states of a framed canvas (B, T+2, C) -> slot states (B, T+1, C): each adjacent pair,
     concatenated (B, T+1, 2C) and projected by ``head.pair``."""
     return head.pair(torch.cat([x[:, :-1], x[:, 1:]], dim=-1))
-
-
-def location_logits(H: Tensor, location_query: Tensor) -> Tensor:
-    """Slot states H (B, S, C) -> the factorized head's location logits H q (B, S), in fp32."""
-    return H.matmul(location_query.to(H.dtype)).float()

@@ -102,7 +102,7 @@ def test_precision_errors(trained, monkeypatch):
 
 def test_every_precision_name_comes_from_the_one_table():
     """--decode-precision's choices, export --int8's, the rewrites and an export's model.precision are the table's."""
-    from fairseq_insertion.export import quantize
+    from fairseq_insertion import quantization as quantize
     from fairseq_insertion.export.cli import build_parser
 
     assert set(offered("torch")) == {"fp32", "bf16", "int8"}

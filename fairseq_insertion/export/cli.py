@@ -44,8 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = DecodingConfig(**given)
         recorded = recorded_preprocessing(args.data)
         preprocessing = P.from_arguments(args, recorded, str(args.data / P.RECORD)) or recorded
-        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with,
-                     args.shortlist)
+        out = export(args.path, args.data, args.out, args.int8, config, preprocessing, args.rerank_with, args.shortlist)
     except InsertionError as exc:  # the export's, the options' and the preprocessing's refusals
         print(f"python -m fairseq_insertion.export: error: {exc}", file=sys.stderr)
         return 2

@@ -30,11 +30,11 @@ from ..export_format import (
 )
 from ..fast_decoder import uncovered
 from ..pass_decoder import cached_layers
+from ..quantization import REWRITES
 from ..slots import Shortlist
 from .cached import cached_encoder_graph, cached_pass_graph
 from .graph import ExportError
 from .layers import encoder_graph, pass_graph, scorer_graph
-from .quantize import quantize
 
 
 def check_exportable(model: nn.Module) -> None:
@@ -65,40 +65,11 @@ def load(path: Path, data: Path) -> Tuple[nn.Module, object]:
     for flag, p in (("--path", path), ("--data", data)):
         if not Path(p).exists():
             raise ExportError(f"{flag} {p}: not found")
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(data)})
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
     model = models[0]
     if not isinstance(model, InsertionTransformerModel):
         raise ExportError(f"--path {path}: a {type(model).__name__}, not an insertion_transformer model")
     return model.eval(), task
-
-
-def export_graphs(model: nn.Module, out: Path, shortlisted: bool = False) -> None:
-    """Write ``encoder.onnx`` and ``pass.onnx`` (fp32, ``shortlisted``: taking each sentence's list) into ``out``."""
-    check_exportable(model)
-    model = model.float().eval()
-    cached = model.incremental  # --cached-decoder: the pass takes the cache
-    with torch.no_grad():
-        onnx.save((cached_encoder_graph if cached else encoder_graph)(model, shortlisted), str(out / ENCODER))
-        onnx.save((cached_pass_graph if cached else pass_graph)(model, shortlisted), str(out / PASS))
-
-
-def settings(model: nn.Module, src, tgt, config: DecodingConfig, int8: Optional[str]) -> dict:
-    """settings.json's ``model`` (ids, sizes, limits, the precision) and ``decoding``."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "model": {
-            "termination": model.termination,
-            **{key: getattr(tgt, key)() for key in SPECIAL_IDS},
-            "source": {key: getattr(src, key)() for key in SPECIAL_IDS},
-            "max_source_positions": int(model.encoder.max_positions()),
-            "max_target_positions": int(model.max_decoder_positions()),
-            "decoder_layers": len(model.decoder.layers),
-            "precision": INT8_SCHEMES[int8].name if int8 else "fp32",
-            **({"cached_layers": len(cached_layers(model.decoder))} if model.incremental else {}),
-        },
-        "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
-    }
 
 
 class ExportFile(NamedTuple):
@@ -108,10 +79,6 @@ class ExportFile(NamedTuple):
     write: Callable[[Path], None]
     quantized: bool = False
     setting: Optional[Tuple[str, Any]] = None
-
-
-# a previous export's are removed
-OPTIONAL_FILES = (SCORER, SHORTLIST, BPE_CODES, SPM_MODEL)
 
 
 def subword_file(preprocessing: Optional[P.Preprocessing]) -> Optional[str]:
@@ -124,16 +91,13 @@ def subword_file(preprocessing: Optional[P.Preprocessing]) -> Optional[str]:
 def optional_files(scorer: Optional[nn.Module], shortlist: Optional[Shortlist],
                    preprocessing: Optional[P.Preprocessing]) -> List[ExportFile]:
     """The optional files of an export (scorer, shortlist, subword model), in ``settings.json``'s order."""
-    def graph(build: Callable[[], "onnx.ModelProto"], name: str) -> Callable[[Path], None]:
-        def write(out: Path) -> None:
-            with torch.no_grad():
-                onnx.save(build(), str(out / name))
-        return write
+    def write_scorer(out: Path) -> None:
+        with torch.no_grad():
+            onnx.save(scorer_graph(scorer.float().eval()), str(out / SCORER))
 
     files = []
     if scorer is not None:
-        files.append(ExportFile(SCORER, graph(lambda: scorer_graph(scorer.float().eval()), SCORER), True,
-                                ("scorer", SCORER)))
+        files.append(ExportFile(SCORER, write_scorer, True, ("scorer", SCORER)))
     if shortlist is not None:
         files.append(ExportFile(SHORTLIST, lambda out: shortlist.save(out / SHORTLIST), False,
                                 ("shortlist", SHORTLIST)))
@@ -203,17 +167,35 @@ def export_model(model: nn.Module, src_dict, tgt_dict, out: Path, int8: Optional
         raise ExportError(f"the shortlist's dictionaries have {len(shortlist.translations)} source and "
                           f"{shortlist.target_vocab} target entries, the model's {len(src_dict)} and {len(tgt_dict)}")
     out.mkdir(parents=True, exist_ok=True)
-    export_graphs(model, out, shortlist is not None)
+    check_exportable(model)
+    model, cached = model.float().eval(), model.incremental  # --cached-decoder: the pass takes the cache
+    with torch.no_grad():  # fp32, taking each sentence's list with a shortlist
+        onnx.save((cached_encoder_graph if cached else encoder_graph)(model, shortlist is not None), str(out / ENCODER))
+        onnx.save((cached_pass_graph if cached else pass_graph)(model, shortlist is not None), str(out / PASS))
     files = optional_files(scorer, shortlist, preprocessing)
-    for name in OPTIONAL_FILES:
+    for name in (SCORER, SHORTLIST, BPE_CODES, SPM_MODEL):  # a previous export's optional files are removed
         (out / name).unlink(missing_ok=True)
     for f in files:
         f.write(out)
     if int8:
-        quantize(out, (ENCODER, PASS, *(f.name for f in files if f.quantized)), int8)
+        for name in (ENCODER, PASS, *(f.name for f in files if f.quantized)):
+            REWRITES[int8](out, name)  # the graph in int8, in place
     for side, dictionary in (("source", src_dict), ("target", tgt_dict)):
         (out / VOCABS[side]).write_text("".join(f"{s}\n" for s in dictionary.symbols), encoding="utf-8")
-    values = settings(model, src_dict, tgt_dict, config, int8)
+    values = {  # settings.json: the model's ids, sizes, limits and precision, and the decoding options
+        "format_version": FORMAT_VERSION,
+        "model": {
+            "termination": model.termination,
+            **{key: getattr(tgt_dict, key)() for key in SPECIAL_IDS},
+            "source": {key: getattr(src_dict, key)() for key in SPECIAL_IDS},
+            "max_source_positions": int(model.encoder.max_positions()),
+            "max_target_positions": int(model.max_decoder_positions()),
+            "decoder_layers": len(model.decoder.layers),
+            "precision": INT8_SCHEMES[int8].name if int8 else "fp32",
+            **({"cached_layers": len(cached_layers(model.decoder))} if model.incremental else {}),
+        },
+        "decoding": {k: v for k, v in dataclasses.asdict(config).items() if k in RUNTIME_OPTIONS},
+    }
     values.update(f.setting for f in files if f.setting is not None)
     if preprocessing is not None:
         values["preprocessing"] = dataclasses.replace(preprocessing, bpe_codes=subword_file(preprocessing)).record()

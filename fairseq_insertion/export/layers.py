@@ -172,8 +172,7 @@ def _stack(g: Graph, dec: nn.Module, x: str, layers: range, keys_values: Sequenc
     return x
 
 
-def _top(g: Graph, dec: nn.Module, x: str) -> str:
-    """The decoder's final layer norm and output dimension projection."""
+def _top(g: Graph, dec: nn.Module, x: str) -> str:  # the decoder's final layer norm and output projection
     x = _layer_norm(g, x, dec.layer_norm)
     return x if dec.project_out_dim is None else _linear(g, x, dec.project_out_dim)
 
@@ -226,13 +225,6 @@ def scorer_graph(model: nn.Module) -> "onnx.ModelProto":
                    vocab_size=dec.embed_tokens.num_embeddings)
 
 
-def _source_inputs(dec: nn.Module) -> List["onnx.ValueInfoProto"]:
-    """Each layer's keys and values (rows, heads, source, d), then src_mask (rows, source) int32."""
-    heads, hd = dec.layers[0].encoder_attn.num_heads, dec.layers[0].encoder_attn.head_dim
-    return [*(_io(name, TensorProto.FLOAT, ["rows", heads, "source", hd]) for name in source_names(len(dec.layers))),
-            _io("src_mask", TensorProto.INT32, ["rows", "source"])]
-
-
 def _pass(g: Graph, dec: nn.Module, framed: str, open_slots: str, inputs: Dict[str, str], k: str,
           shortlisted: bool = False) -> None:
     """One decoding pass: the decoder over the ``framed`` canvases (A, W), then :func:`_slots`."""
@@ -263,21 +255,15 @@ def _slots(g: Graph, dec: nn.Module, x: str, keep: str, open_slots: str, inputs:
     if closure is None:
         content = g.op("MatMul", states, g.const(head.output.weight.t(), "output_projection"))  # (N, V)
         choose_graph(g, rule, content, inputs, k)
-    else:
-        _closing(g, closure, states, head, rule, inputs, k)
+    else:  # the slot-closure head, then the slot rule on the slots it leaves open
+        rows, close_log_probs = closing_graph(g, closure, states, inputs)  # (N',), (N, 1)
+        left = {name: g.op("Gather", value, rows, axis=0) for name, value in inputs.items()}  # the slots left open
+        content = g.op("MatMul", g.op("Gather", states, rows, axis=0), g.const(head.output.weight.t(),
+                                                                                "output_projection"))  # (N', V)
+        chosen = choose_graph(g, rule, content, left, k, names=("open_tokens", "open_log_probs", "open_eos_log_probs"))
+        closing_outputs(g, rows, close_log_probs, inputs["eos_penalty"], rule.eos, chosen)
     if lookahead is not None:
         ending_graph(g, lookahead, states, "tokens", "log_probs", "eos_log_probs", inputs, k, eos)
-
-
-def _closing(g: Graph, closure: nn.Module, states: str, head: SlotHeadWeights, rule: SlotRule,
-             inputs: Dict[str, str], k: str) -> None:
-    """The slot-closure head, then the slot rule on the open slots' ``states`` (N, C) it leaves open."""
-    rows, close_log_probs = closing_graph(g, closure, states, inputs)  # (N',), (N, 1)
-    left = {name: g.op("Gather", value, rows, axis=0) for name, value in inputs.items()}  # the slots left open
-    content = g.op("MatMul", g.op("Gather", states, rows, axis=0), g.const(head.output.weight.t(),
-                                                                            "output_projection"))  # (N', V)
-    chosen = choose_graph(g, rule, content, left, k, names=("open_tokens", "open_log_probs", "open_eos_log_probs"))
-    closing_outputs(g, rows, close_log_probs, inputs["eos_penalty"], rule.eos, chosen)
 
 
 def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto":
@@ -291,10 +277,12 @@ def pass_graph(model: nn.Module, shortlisted: bool = False) -> "onnx.ModelProto"
 
 def pass_io(dec: nn.Module, shortlisted: bool) -> Tuple[List["onnx.ValueInfoProto"], List["onnx.ValueInfoProto"]]:
     """The pass graph's inputs and outputs (:func:`pass_graph`)."""
-    C = dec.output_projection.weight.size(1)
+    C, attn = dec.output_projection.weight.size(1), dec.layers[0].encoder_attn
     listed = [_io("shortlist", TensorProto.INT64, ["rows", "listed"]),
               _io("shortlist_weights", TensorProto.FLOAT, ["rows", "listed", C])] if shortlisted else []
-    return ([_io("framed", TensorProto.INT64, ["rows", "width"]), *_source_inputs(dec),
+    return ([_io("framed", TensorProto.INT64, ["rows", "width"]),
+             *(_io(name, TensorProto.FLOAT, ["rows", attn.num_heads, "source", attn.head_dim])
+               for name in source_names(len(dec.layers))), _io("src_mask", TensorProto.INT32, ["rows", "source"]),
              _io("open_slots", TensorProto.INT64, ["open"]),
              *(_io(f.name, helper.np_dtype_to_tensor_dtype(np.dtype(f.dtype)), list(f.dims)) for f in FEEDS),
              _io("k", TensorProto.INT64, [1]), *listed],

@@ -1,12 +1,8 @@
 """The insertion decoding loop, written once for both backends (paper: "Inference").
 
-Everything after the model's scores lives here, one concern a module, in this order (each imports only
-those before it): :mod:`.ops` (the arrays of a backend: :class:`Ops`, :data:`NUMPY`), :mod:`.geometry`
-(framed canvases, slots, how insertions move every per-token array), :mod:`.bans` (what the slot rules
-bar), :mod:`.starts` (where a decode starts: :func:`prepare`), :mod:`.state` (the typed state),
-:mod:`.steps` (the step rules, :class:`DecodeOptions`), :mod:`.rules` (the slot rules, one
-object each: :data:`RULES`, the pass graph's inputs :data:`FEEDS`) and :mod:`.driver` (the loop
-:func:`run` and :func:`decode` over a :class:`Backend`: ``score_slots``, ``reorder``, ``score_candidates``).
+Everything after the model's scores lives here, one concern a module (docs/development.md maps them), each importing
+only those before it: :mod:`.ops`, :mod:`.geometry`, :mod:`.starts` (:func:`prepare`), :mod:`.state`, :mod:`.steps`,
+:mod:`.bans`, :mod:`.rules` (:data:`FEEDS`) and :mod:`.driver` (:func:`decode` over a :class:`Backend`).
 
 The code uses only what numpy arrays and torch tensors share; the rest goes through ``Ops``, with one host
 round trip a pass. A canvas of k tokens has k + 1 slots; slot l sits just before canvas token l; framed

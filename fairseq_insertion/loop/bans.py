@@ -12,17 +12,13 @@ import numpy as np
 from .ops import Array, Ops
 
 
-def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, special: Tuple[int, ...],
-                    pad: int) -> Array:
-    """Per slot, the tokens whose insertion would repeat part of the canvas.
-
-    framed: (B, T + 2) ``[bos] canvas [eos]``, right-padded with ``pad`` (S = T + 1 slots).
-    ``neighbours``: a copy of either neighbour of the slot (``a a b`` from ``a b``). ``ngram`` n >= 2:
-    a token c such that an n-gram of the canvas after inserting c into slot l, one that holds c,
-    already occurs in the framed canvas (bos/eos count as context) and survives the insertion
-    (n-grams spanning slot l are broken by it). Each slot is judged against the current canvas.
-    Tokens in ``special`` are never returned. Returns (B, S, M) token ids, ``pad`` where a column
-    holds nothing (M = 0 when both rules are off)."""
+def repeated_tokens(xp: Ops, framed: Array, ngram: int, neighbours: bool, special: Tuple[int, ...], pad: int) -> Array:
+    """Per slot, the tokens whose insertion would repeat part of the canvas: framed (B, T + 2) ``[bos] canvas [eos]``,
+    right-padded with ``pad`` (S = T + 1 slots). ``neighbours``: a copy of either neighbour of the slot (``a a b`` from
+    ``a b``). ``ngram`` n >= 2: a token c such that an n-gram of the canvas after inserting c into slot l, one that
+    holds c, already occurs in the framed canvas (bos/eos count as context) and survives the insertion (n-grams
+    spanning slot l are broken by it). Each slot is judged against the current canvas. Tokens in ``special`` are never
+    returned. Returns (B, S, M) token ids, ``pad`` where a column holds nothing (M = 0 when both rules are off)."""
     B, W = framed.shape
     S = W - 1
     columns = []
@@ -79,16 +75,13 @@ def _ngram_geometry(W: int, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray,
 
 
 def word_edge_slots(xp: Ops, framed: Array, given: Array, joins_next: Array, eos: int) -> Tuple[Array, Array, Array]:
-    """Per slot, what the word-edge rule forbids next to the given (constraint) tokens.
-
-    framed: (B, K+2); given: (B, K) the canvas tokens that are constraint tokens; joins_next: (V,)
-    bool, the entries that form one word with the token after them (subword-nmt's ``x@@``), False
-    for the special symbols. Returns three (B, S) bool arrays, read at the open slots only:
-    no_next (no token that joins the next one: the slot right before a constraint token, or one
-    that must complete a word), no_prev (no token that joins the previous one: the slot right after
-    a constraint token) and no_end (no end-of-slot: its left neighbour is a constraint token that
-    continues into the next token, ``schö@@``, and its right neighbour is end-of-sentence or a
-    constraint token)."""
+    """Per slot, what the word-edge rule forbids next to the given (constraint) tokens: framed (B, K+2); given (B, K)
+    the canvas tokens that are constraint tokens; joins_next (V,) bool, the entries that form one word with the token
+    after them (subword-nmt's ``x@@``), False for the special symbols. Returns three (B, S) bool arrays, read at the
+    open slots only: no_next (no token that joins the next one: the slot right before a constraint token, or one that
+    must complete a word), no_prev (no token that joins the previous one: the slot right after a constraint token) and
+    no_end (no end-of-slot: its left neighbour is a constraint token that continues into the next token, ``schö@@``,
+    and its right neighbour is end-of-sentence or a constraint token)."""
     edge = xp.full((given.shape[0], 1), False, like=given)  # bos and eos are not given
     left_given, right_given = xp.concat([edge, given], 1), xp.concat([given, edge], 1)  # (B, S)
     complete = left_given & joins_next[framed[:, :-1]] & (right_given | (framed[:, 1:] == eos))
@@ -107,21 +100,17 @@ def word_edge_bans(xp: Ops, framed: Array, given: Array, joins_next: Array, eos:
 
 
 WORD_SCHEMES = ("subword_nmt", "_EOW", "sentencepiece", "none")
-
-
 SENTENCEPIECE_SPACE = "\u2581"
 
 
 def word_edge_table(symbols: Sequence[str], nspecial: int, scheme: Optional[str] = None
                     ) -> Tuple[str, np.ndarray, np.ndarray]:
-    """Which entries of a vocabulary glue onto a neighbour in the post-processed text: (scheme,
-    joins_next (V,), joins_prev (V,)); the first ``nspecial`` entries (bos, pad, eos, unk) glue onto
-    nothing.
-
-    ``subword_nmt`` (``@@ ``): a piece ending in ``@@`` joins the next token. ``_EOW``: a piece not
-    ending in ``_EOW`` joins the next token. ``sentencepiece`` (``\u2581`` starts a word): a piece without
-    it that holds a letter or digit joins the previous token (punctuation after a word keeps the word
-    whole). ``none``: every token is a word. ``scheme`` None: the one most entries are marked for."""
+    """Which entries of a vocabulary glue onto a neighbour in the post-processed text: (scheme, joins_next (V,),
+    joins_prev (V,)); the first ``nspecial`` entries (bos, pad, eos, unk) glue onto nothing. ``subword_nmt``
+    (``@@ ``): a piece ending in ``@@`` joins the next token. ``_EOW``: a piece not ending in ``_EOW`` joins the next
+    token. ``sentencepiece`` (``\u2581`` starts a word): a piece without it that holds a letter or digit joins the
+    previous token (punctuation after a word keeps the word whole). ``none``: every token is a word. ``scheme`` None:
+    the one most entries are marked for."""
     words = symbols[nspecial:]
     if scheme is None:
         marked = {"subword_nmt": sum(w.endswith("@@") for w in words),

@@ -10,8 +10,8 @@ import numpy as np
 
 from .geometry import frame, insertion_destinations, place, slot_mask
 from .ops import Array, Ops
-from .rules import SlotInputs, first_insertion_inputs, slot_inputs
-from .starts import Start, arrange_constraints, candidate_rows, first_insertions
+from .rules import SlotInputs, slot_inputs
+from .starts import Start, arrange_constraints, first_insertions
 from .state import Canvases, Insertions, SlotScores, open_slots, slot_scores, start_state
 from .steps import DecodeOptions, step_rule
 
@@ -53,9 +53,8 @@ class Backend(Protocol):
 
 
 def predict(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions) -> Tuple[SlotScores, Any]:
-    """One pass's :class:`SlotScores`: the framed canvases, their open slots, the slots' inputs to the slot rule
-    (:func:`slot_inputs`), the backend's :meth:`Backend.score_slots` and :func:`slot_scores`; and the memory after
-    the pass."""
+    """One pass's :class:`SlotScores` (:func:`slot_inputs`, :meth:`Backend.score_slots`, :func:`slot_scores`) and the
+    memory after the pass."""
     xp, o = backend.xp, options
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (A, K + 2)
     open_ = open_slots(xp, state, state.tokens.shape[1] + 1)  # (A, S)
@@ -69,15 +68,18 @@ def predict(backend: Backend, state: Canvases, memory: Any, options: DecodeOptio
 def first_tokens(backend: Backend, memory: Any, k: int, options: DecodeOptions, max_len: Array,
                  shortlist: Optional[Array]) -> Tuple[Array, Array]:
     """The k best first insertions of each sentence (:func:`first_insertions`), best first (B, k), and their
-    log p(c | l) (B, k): one pass over the empty canvases, every slot rule applied and end-of-slot and unk barred
-    (:func:`first_insertion_inputs`); ``max_len`` (B,) the length limits; ``shortlist`` (B, L): each sentence's, or
-    None."""
+    log p(c | l) (B, k): one pass over the empty canvases, every slot rule applied and unk and end-of-slot barred
+    besides (with a shortlist, unk's position in each list is its id: the specials lead every list); ``max_len`` (B,)
+    the length limits; ``shortlist`` (B, L): each sentence's, or None."""
     xp, o = backend.xp, options
     state = start_state(xp, Start.blank(xp, max_len.shape[0], max_len, o.pad), max_len, None, False, False,
                         shortlist=shortlist)
     framed = frame(xp, state.tokens, state.lengths, o.bos, o.eos, o.pad)  # (B, 2) the empty canvases
     open_ = framed[:, :1] == framed[:, :1]  # (B, 1)
-    c = backend.score_slots(memory, framed, open_, first_insertion_inputs(xp, state, framed, open_, options), k)
+    inputs = slot_inputs(xp, state, framed, open_, options)
+    unk = xp.full((framed.shape[0], 1), o.unk, like=state.lengths)  # (B, 1)
+    blocked = unk if inputs.blocked is None else xp.concat([inputs.blocked, unk], 1)
+    c = backend.score_slots(memory, framed, open_, inputs._replace(blocked=blocked, no_end=unk[:, 0] == unk[:, 0]), k)
     return c.tokens, c.log_probs
 
 
@@ -103,11 +105,8 @@ class Work(NamedTuple):
         return Work(*(a + b for a, b in zip(self, other)))
 
 
-Record = Callable[[Canvases, Array], None]
-
-
-def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions, record: Optional[Record] = None
-        ) -> Tuple[Canvases, Work]:
+def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions,
+        record: Optional[Callable[[Canvases, Array], None]] = None) -> Tuple[Canvases, Work]:
     """The insertion loop from ``state``: predict, choose, insert, stop, with finished sentences leaving
     the batch. Closed slots never receive an insertion and count as finished. ``record(state,
     inserted)``: called after every pass (the canvases' history). Returns the final canvases of every
@@ -188,8 +187,7 @@ def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, ne
     return keep & ~done, xp.where(done, guess, scores.final_eos)
 
 
-def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int
-          ) -> Tuple[Canvases, Any]:
+def _keep(backend: Backend, state: Canvases, memory: Any, keep: Array, n_keep: int, width: int) -> Tuple[Canvases, Any]:
     """The rows ``keep`` (A,) of the state and of the memory (``n_keep`` of them), longest canvas first (a backend
     may then run the longer and the shorter rows of a pass apart, with less padding), the canvases trimmed to
     ``width``, the longest kept one (so a single canvas has no padding)."""
@@ -221,7 +219,7 @@ def candidate_targets(xp: Ops, tokens: Array, lengths: Array, eos: int, pad: int
 
 
 class Decoded(NamedTuple):
-    """Every candidate of a batch's decode: rows (b K + j) n / K + c (:func:`candidate_rows`)."""
+    """Every candidate of a batch's decode: rows (b K + j) n / K + c (:func:`decode`)."""
 
     canvases: Canvases  # (B n rows) the final canvases, their history with ``record``
     log_prob: Array  # (B n,) the decode's log-probability: its tokens' log p(c, l) and the final end-of-slot
@@ -234,7 +232,7 @@ class Decoded(NamedTuple):
 
 
 def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
-           record: Optional[Record] = None, shortlist: Optional[Array] = None) -> Decoded:
+           record: Optional[Callable[[Canvases, Array], None]] = None, shortlist: Optional[Array] = None) -> Decoded:
     """Decode a batch of B sentences, for any backend: ``memory`` their encoder side, ``start`` (B rows) the
     empty canvases or their constraints, ``max_len`` (B,) their length limits (both from
     :func:`~fairseq_insertion.loop.starts.prepare`), ``options`` the decoding options and the dictionary's ids. With
@@ -244,16 +242,16 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     row is known (:func:`arrange_constraints`). ``shortlist`` (B, L): the tokens each sentence's slots may receive
     (:func:`fairseq_insertion.slots.shortlist_rows`; None: the whole vocabulary)."""
     xp, config, pad = backend.xp, options.config, options.pad
-    B, betas, K = max_len.shape[0], config.betas, config.first_insertions
-    n = config.candidates
+    B, betas, K, n = max_len.shape[0], config.betas, config.first_insertions, config.candidates
     # an incremental backend's memory starts with bos's and eos's states, the first insertions' pass runs no token
     first_scores, work = None, Work(positions=2 * B if backend.incremental else 0)
     if K > 1:
         tokens, log_probs = first_tokens(backend, memory, K, options, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
         work = work + Work(1, B, 0 if backend.incremental else 2 * B)
-    if n > 1:
-        sentence, start_row = candidate_rows(xp, B, K, len(betas), like=max_len)  # (B n,) each
+    if n > 1:  # row (b K + j) n / K + c: sentence b's j-th first insertion (of K) under its c-th EOS penalty
+        rows = xp.arange(B * n, like=max_len)  # (B n,)
+        sentence, start_row = rows // n, rows // len(betas)  # (B n,) each: its sentence b and start row (b or b K + j)
         memory, start, max_len = backend.reorder(memory, sentence), start.take(start_row), max_len[sentence]
         shortlist = None if shortlist is None else shortlist[sentence]
         first_scores = None if first_scores is None else first_scores[start_row]

@@ -32,12 +32,11 @@ def closed_slots(xp: Ops, closed_before: Array, closed_end: Array, lengths: Arra
 
 
 def insertion_destinations(xp: Ops, lengths: Array, insert_mask: Array, num_tokens: int, width: int) -> Array:
-    """Where every canvas token and every slot value lands after the insertions.
-
-    lengths: (B,); insert_mask: (B, S), False beyond each canvas's k + 1 slots; num_tokens: K, the canvas width; width:
-    W, at least the longest new canvas. Returns (B, K + S): the new column of canvas token j (first K columns) and of
-    slot l's value (last S columns); ``W`` for what does not land (padding tokens, slots without an insertion). Computed
-    once per step, applied to every per-token array with :func:`place`."""
+    """Where every canvas token and every slot value lands after the insertions: lengths (B,); insert_mask (B, S), False
+    beyond each canvas's k + 1 slots; num_tokens: K, the canvas width; width: W, at least the longest new canvas.
+    Returns (B, K + S): the new column of canvas token j (first K columns) and of slot l's value (last S columns); ``W``
+    for what does not land (padding tokens, slots without an insertion). Computed once per step, applied to every
+    per-token array with :func:`place`."""
     S = insert_mask.shape[1]
     ins = xp.long(insert_mask)
     before = ins.cumsum(1)  # (B, S) inserts in slots 0..l

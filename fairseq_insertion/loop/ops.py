@@ -8,8 +8,6 @@ from typing import Any, List, Protocol, Sequence, Tuple
 import numpy as np
 
 Array = Any  # a numpy array or a torch tensor: one backend's arrays
-
-
 NEG_INF = float("-inf")
 
 
@@ -22,14 +20,12 @@ class Ops(Protocol):
         """``value`` everywhere, of ``like``'s type and place."""
 
     def where(self, cond: Array, a: Any, b: Any) -> Array: ...
-
     def concat(self, arrays: Sequence[Array], axis: int) -> Array: ...
 
     def argsort(self, x: Array, descending: bool = False) -> Array:
         """Along the last axis, stable: equal values keep their order (the leftmost first)."""
 
     def long(self, x: Array) -> Array: ...
-
     def cast(self, x: Array, like: Array) -> Array: ...
 
     def put(self, out: Array, index: Array, values: Any) -> Array:
@@ -42,9 +38,7 @@ class Ops(Protocol):
         """(A, S) ``fill`` with ``values`` (N,) written at ``mask``, row-major."""
 
     def amax(self, x: Array, axis: int) -> Array: ...
-
     def log(self, x: Array) -> Array: ...
-
     def permute(self, x: Array, dims: Tuple[int, ...]) -> Array: ...
 
     def asarray(self, x: np.ndarray, like: Array) -> Array:

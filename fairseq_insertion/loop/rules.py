@@ -1,13 +1,9 @@
 """The slot rules: what each open slot brings to the choice of its token besides its scores (:class:`SlotInputs`,
 applied by :func:`fairseq_insertion.slots.choose` on torch and :func:`~fairseq_insertion.slots.choose_graph` in
-the pass graph).
-
-Each rule is a small object built from the decoding options (:data:`RULES`, in order): it declares the pass
-graph's inputs it fills (:class:`Feed`: name, dtype, dims and the value of a slot it leaves alone) and gives their
-values for a pass's open slots. The pass graph's inputs, ``export_format.graph_io`` and the runtime's feeds are
-made from :data:`FEEDS`, the rules' feeds in order; tokens barred by several rules are one ``blocked`` input
-(their columns side by side). With a shortlist, the barred tokens become positions in each sentence's list.
-"""
+the pass graph). Each rule is a small object (:data:`RULES`, in order) that declares the pass graph's inputs it fills
+(:class:`Feed`) and gives their values for a pass's open slots (docs/development.md: adding one); the graph's inputs
+are made from :data:`FEEDS`, the rules' feeds in order. Tokens barred by several rules are one ``blocked`` input
+(their columns side by side); with a shortlist, positions in each sentence's list."""
 
 from __future__ import annotations
 
@@ -101,8 +97,6 @@ class WordEdges:
 
 RULES = (Repetition(), NoUnk(), EosPenalty(), WordEdges())
 FEEDS: Tuple[Feed, ...] = tuple({f.name: f for rule in RULES for f in rule.feeds}.values())
-
-
 SlotInputs = namedtuple("SlotInputs", [f.name for f in FEEDS] + ["shortlist", "slot_rows"], defaults=(None, None))
 SlotInputs.__doc__ = """What the open slots (N, row-major) bring to the slot rule besides their scores: one field a
 :data:`FEEDS` entry (None: every slot its fill; ``blocked`` (N, M) tokens barred, with a shortlist their positions
@@ -164,13 +158,3 @@ def shortlist_positions(xp: Ops, shortlist: Array, slot_rows: Array, tokens: Arr
     want = tokens + offset  # (N, M)
     at = xp.searchsorted(flat, want).clip(max=A * Lw - 1)  # (N, M)
     return xp.where(flat[at] == want, at - slot_rows[:, None] * Lw, absent)
-
-
-def first_insertion_inputs(xp: Ops, state: Canvases, framed: Array, open_: Array, options: DecodeOptions) -> SlotInputs:
-    """The :class:`SlotInputs` of the empty canvases' one slot when choosing first insertions
-    (:func:`~fairseq_insertion.loop.driver.first_tokens`): every rule's (:func:`slot_inputs`), and unk and end-of-slot
-    barred besides (with a shortlist, unk's position in each list is its id: the specials lead every list)."""
-    inputs = slot_inputs(xp, state, framed, open_, options)
-    unk = xp.full((framed.shape[0], 1), options.unk, like=state.lengths)  # (B, 1)
-    blocked = unk if inputs.blocked is None else xp.concat([inputs.blocked, unk], 1)
-    return inputs._replace(blocked=blocked, no_end=unk[:, 0] == unk[:, 0])

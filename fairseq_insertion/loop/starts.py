@@ -85,16 +85,13 @@ def pack(constraints: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
 
 
 def constraint_canvas(xp: Ops, packed: Array, gap: int, pad: int) -> Start:
-    """The initial canvas of a constrained decode, from fairseq's packed constraints.
+    """The initial canvas of a constrained decode, from fairseq's packed constraints ``packed`` (B, C) (:func:`pack`).
+    A ``gap`` token inside a constraint marks an open slot (a template's ``___``); it is not put on the canvas.
 
-    packed: (B, C) in ``fairseq.token_generation_constraints.pack_constraints`` form:
-    ``[m, c_1 tokens, 0, c_2 tokens, 0, ..., 0 ...]`` (m constraints, each followed by a 0). A ``gap``
-    token inside a constraint marks an open slot (a template's ``___``); it is not put on the canvas.
-
-    Which slots are closed (never receive an insertion): the slot between two adjacent tokens of one
-    constraint, unless a gap separates them; the slot before the first token (slot 0) when the first
-    constraint is a template (holds a gap) that does not start with a gap; the last slot when the last
-    constraint is a template that does not end with a gap. Slots between constraints are open."""
+    Which slots are closed (never receive an insertion): the slot between two adjacent tokens of one constraint, unless
+    a gap separates them; the slot before the first token (slot 0) when the first constraint is a template (holds a
+    gap) that does not start with a gap; the last slot when the last constraint is a template that does not end with a
+    gap. Slots between constraints are open."""
     B = packed.shape[0]
     m = packed[:, 0] if packed.shape[1] > 0 else xp.full((B,), 0, like=packed)  # (B,)
     body = xp.concat([packed[:, 1:], xp.full((B, 1), 0, like=packed)], 1)  # (B, M) a final 0 closes a cut row
@@ -150,10 +147,9 @@ def arrange_constraints(xp: Ops, start: Start, hyp: Array, hyp_lengths: Array) -
 
 
 def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad: int) -> Tuple[Start, Array]:
-    """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first
-    insertion ``tokens`` (B, K) (each backend's K best tokens of the empty canvas's one slot, end-of-slot,
-    bos, pad and unk excluded, best first), its slots open, scored ``log_probs`` (B, K) (log p(c | l); the
-    one slot's log p(l) is 0); a sentence without ``room`` (B,) for a token (its length limit is 0)
+    """The starts of branching decodes (``first_insertions``): row b K + j holds sentence b's j-th best first insertion
+    ``tokens`` (B, K) (:func:`~fairseq_insertion.loop.driver.first_tokens`), its slots open, scored ``log_probs`` (B, K)
+    (log p(c | l); the one slot's log p(l) is 0); a sentence without ``room`` (B,) for a token (its length limit is 0)
     starts empty. Returns the starts of the B K rows and their tokens' scores (B K, 1)."""
     placed = (room[:, None] & (tokens == tokens)).reshape(-1)  # (B K,)
     start = xp.where(placed[:, None], tokens.reshape(-1, 1), pad)  # (B K, 1)
@@ -161,12 +157,3 @@ def first_insertions(xp: Ops, tokens: Array, log_probs: Array, room: Array, pad:
     shut = start != start  # (B K, 1) no slot closed
     return Start(tokens=start, lengths=xp.long(placed), closed_before=shut, closed_end=placed & False,
                  segment=xp.long(shut)), scores
-
-
-def candidate_rows(xp: Ops, batch: int, branches: int, betas: int, like: Array) -> Tuple[Array, Array]:
-    """The rows of a decode with candidates: row (b K + j) n + c is sentence b's j-th first insertion (of K
-    ``branches``) under its c-th EOS penalty (of n ``betas``). Returns each row's sentence (B K n,) and its
-    start row (B K n,) (sentence b's, or its j-th first insertion's row b K + j)."""
-    rows = xp.arange(batch * branches * betas, like=like)  # (B K n,)
-    return rows // (branches * betas), rows // betas
-

@@ -32,13 +32,13 @@ class Canvases(NamedTuple):
 
     def take(self, idx: Array) -> "Canvases":
         """The rows ``idx`` (N,) (the history is per batch row and stays shared)."""
-        return self._replace(**{name: getattr(self, name)[idx] for name in _ROW_FIELDS
-                                if getattr(self, name) is not None})
+        return self._replace(**{name: getattr(self, name)[idx] for name in self._fields
+                                if name != "history" and getattr(self, name) is not None})
 
     def trimmed(self, width: int) -> "Canvases":
         """The per-token arrays cut to ``width`` columns."""
-        return self._replace(**{name: getattr(self, name)[:, :width] for name in _TOKEN_FIELDS
-                                if getattr(self, name) is not None})
+        cut = {name: getattr(self, name) for name in ("tokens", "scores", "closed_before", "given", "fresh")}
+        return self._replace(**{name: value[:, :width] for name, value in cut.items() if value is not None})
 
     def widened(self, xp: Ops, width: int, pad: int) -> "Canvases":
         """A copy whose tokens and scores are ``width`` wide (at least as wide as now): the result buffer."""
@@ -56,10 +56,6 @@ class Canvases(NamedTuple):
         self.scores[r, :W] = done.scores
         for name in ("lengths", "iterations", "final_eos"):
             getattr(self, name)[r] = getattr(done, name)
-
-
-_ROW_FIELDS = tuple(f for f in Canvases._fields if f != "history")
-_TOKEN_FIELDS = ("tokens", "scores", "closed_before", "given", "fresh")
 
 
 class SlotScores(NamedTuple):

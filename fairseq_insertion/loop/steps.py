@@ -13,15 +13,18 @@ from .state import Insertions, SlotScores
 
 @dataclass(frozen=True)
 class ParallelStep:
-    """Insert the best token into every open slot whose best is not end-of-slot, at most ``room`` (A,)
-    per canvas: the highest-scoring ones (:func:`cap`)."""
+    """Insert the best token into every open slot whose best is not end-of-slot, at most ``room`` (A,) per canvas
+    (the room cap): the highest-scoring ones; of equal scores, the leftmost slots (a stable sort)."""
 
     xp: Ops
     eos: int
 
     def __call__(self, p: SlotScores, room: Array) -> Insertions:
-        return Insertions(mask=cap(self.xp, p.open & (p.tokens != self.eos), p.log_probs, room), tokens=p.tokens,
-                          log_probs=p.log_probs)
+        xp, insert = self.xp, p.open & (p.tokens != self.eos)  # (A, S)
+        if xp.might((insert.sum(1) > room).any()):
+            order = xp.argsort(xp.where(insert, p.log_probs, NEG_INF), descending=True)  # (A, S)
+            insert = insert & (xp.argsort(order) < room[:, None])
+        return Insertions(mask=insert, tokens=p.tokens, log_probs=p.log_probs)
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,7 @@ class GreedySlotStep:
     def __call__(self, p: SlotScores, room: Array) -> Insertions:
         ok = p.open & (p.tokens != self.eos)  # (A, S)
         slot = self.xp.where(ok, p.log_probs + p.location, NEG_INF).argmax(1)  # (A,)
-        return Insertions(mask=_one_hot(self.xp, slot, ok) & ok.any(1)[:, None], tokens=p.tokens,
-                          log_probs=p.log_probs)
+        return Insertions(mask=_one_hot(self.xp, slot, ok) & ok.any(1)[:, None], tokens=p.tokens, log_probs=p.log_probs)
 
 
 @dataclass(frozen=True)
@@ -54,24 +56,12 @@ class GreedySequenceStep:
         return Insertions(mask=_one_hot(xp, slot[:, 0], p.open) & ok, tokens=p.tokens, log_probs=p.log_probs)
 
 
-StepRule = Callable[[SlotScores, Array], Insertions]
-
-
-def step_rule(xp: Ops, decoding: str, termination: str, eos: int) -> StepRule:
+def step_rule(xp: Ops, decoding: str, termination: str, eos: int) -> Callable[[SlotScores, Array], Insertions]:
     """The decoding rule: ``parallel``, or ``greedy`` with the model's training termination (``slot``
     or ``sequence`` finalization)."""
     if decoding == "parallel":
         return ParallelStep(xp, eos)
     return GreedySlotStep(xp, eos) if termination == "slot" else GreedySequenceStep(xp, eos)
-
-
-def cap(xp: Ops, insert: Array, score: Array, room: Array) -> Array:
-    """Keep at most ``room`` (A,) insertions per row, the highest-scoring ones; of equal scores, the
-    leftmost slots (a stable sort). (A, S)."""
-    if not xp.might((insert.sum(1) > room).any()):
-        return insert
-    order = xp.argsort(xp.where(insert, score, NEG_INF), descending=True)  # (A, S)
-    return insert & (xp.argsort(order) < room[:, None])
 
 
 def _one_hot(xp: Ops, index: Array, like: Array) -> Array:

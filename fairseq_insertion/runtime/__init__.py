@@ -16,12 +16,11 @@ imports numpy and onnxruntime only (and, for raw text, sacremoses, subword-nmt o
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +39,6 @@ from ..preprocess import (
 )
 from ..slots import Shortlist, shortlist_rows
 from .backend import Cache, CachedBackend, Constants, OnnxBackend, Source, session
-from .inputs import check_lines, check_providers, check_rows, check_source, check_tokens, count
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +95,7 @@ class Translator:
         codes = self.preprocessing.bpe_codes if self.preprocessing else None
         scorer = F.optional_file(self.settings, self.model_dir, "scorer", F.SCORER)
         shortlist = F.optional_file(self.settings, self.model_dir, "shortlist", F.SHORTLIST)
-        extra = (scorer, codes, shortlist)
-        F.check_digests(self.model_dir, self.settings, [Path(p).name for p in extra if p is not None])
+        F.check_digests(self.model_dir, self.settings, [Path(p).name for p in (scorer, codes, shortlist) if p])
         self.source_symbols = F.read_vocab(self.model_dir / F.VOCABS["source"])
         self.target_symbols = F.read_vocab(self.model_dir / F.VOCABS["target"])
         settings_path = self.model_dir / F.SETTINGS
@@ -121,15 +118,13 @@ class Translator:
         """The cached decoder's layers kept between passes (``--cached-decoder``); None: a plain decoder."""
         F.check_graphs(self.model_dir, self._encoder, self._pass, m["decoder_layers"],
                        (len(self.source_symbols), len(self.target_symbols)), shortlist is not None, self.cached_layers)
-        self._shortlist: Optional[Shortlist] = None
-        """The export's lexical shortlist (``export --shortlist``): each sentence's slots choose from its list."""
+        self._shortlist: Optional[Shortlist] = None  # export --shortlist: each sentence's slots choose from its list
         if shortlist is not None:
             try:
                 self._shortlist = Shortlist.load(shortlist, len(self.source_symbols), len(self.target_symbols))
             except ValueError as exc:
                 raise TranslatorError(str(exc)) from None
-        self._scorer = None
-        """The export's scorer (``export --rerank-with``): it orders each sentence's candidates."""
+        self._scorer = None  # the export's scorer (export --rerank-with): it orders each sentence's candidates
         if scorer is not None:
             self._scorer = session(ort, scorer, so, providers, unfused)
             F.check_scorer_graph(scorer, self._scorer, len(self.target_symbols))
@@ -159,7 +154,10 @@ class Translator:
         every pass too (:attr:`TranslationResult.passes`). options: decoding options (see the module), the export's
         values by default. A source or constraints that are not lists of token lists (non-empty strings without
         whitespace), or a max_batch_size that is not an integer >= 0, is refused with a TranslatorError naming it."""
-        check_source(source)
+        if not isinstance(source, (list, tuple)):
+            raise TranslatorError(f"source: expected a list of token lists, got {type(source).__name__}")
+        for i, tokens in enumerate(source):
+            check_tokens(tokens, f"source[{i}]")
         max_batch_size = count(max_batch_size, "max_batch_size", 0)
         opts = self.options(**options)
         k = count(num_hypotheses, "num_hypotheses", 1)
@@ -283,7 +281,11 @@ class Translator:
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         empty = Candidate(np.zeros(0, np.int64), 0.0, 0, [] if passes else None)  # too long a source
         results: List[List[Candidate]] = [[empty] * opts.candidates] * len(ids)
-        with collector_paused():
+        # the cyclic garbage collector paused for the decodes: the loop's short-lived objects form no reference cycle,
+        # and its passes over the heap (large where torch is imported) would land inside the decodes
+        was = gc.isenabled()
+        gc.disable()
+        try:
             for b in range(0, len(ids), size):
                 batch = [int(i) for i in order[b:b + size] if not too_long[i]]
                 if batch:
@@ -293,6 +295,9 @@ class Translator:
                     decoded = self._decode_batch([ids[i] for i in batch], opts, start, p.max_len[batch], passes)
                     for i, r in zip(batch, decoded):
                         results[i] = r
+        finally:
+            if was:
+                gc.enable()
         return results
 
     # ------------------------------------------------------------------ the loop
@@ -333,21 +338,60 @@ class Translator:
                                  passes=[[symbols(p) for p in c.passes] for c in candidates if c.passes is not None])
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for the block, then as it was. The loop makes short-lived objects
-    every pass, none in a reference cycle (reference counting frees them); left on, the collector's passes over
-    the process's heap (large where torch is imported) land inside the decodes."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _record(state: L.Canvases, inserted: np.ndarray) -> None:
     """``return_passes``: the canvas of every row that inserted a token in this step, kept in its history."""
     for i in np.flatnonzero(inserted).tolist():
         state.history[int(state.rows[i])].append(state.tokens[i, :state.lengths[i]].copy())
+
+
+# ------------------------------------------------------------------ the checks of what a caller gives
+def count(value: Any, name: str, minimum: int) -> int:
+    """An integer argument >= minimum (not a bool, a float or a string)."""
+    if (type(value) is not int and not isinstance(value, np.integer)) or value < minimum:
+        raise TranslatorError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_providers(providers: Optional[Sequence[str]], available: Sequence[str]) -> List[str]:
+    """onnxruntime's execution providers to use (default: CPU), each one this onnxruntime has."""
+    if providers is None:
+        return ["CPUExecutionProvider"]
+    if isinstance(providers, str) or not isinstance(providers, (list, tuple)) or not providers:
+        raise TranslatorError(f"providers: expected a non-empty list of provider names, got {providers!r}")
+    unknown = [p for p in providers if p not in available]
+    if unknown:
+        raise TranslatorError(f"providers: {unknown} not available; this onnxruntime has {list(available)}")
+    return list(providers)
+
+
+def check_tokens(tokens: Any, name: str) -> None:
+    """A list (or tuple) of non-empty str tokens without whitespace, called ``name``."""
+    if isinstance(tokens, str):
+        raise TranslatorError(f"{name}: expected a list of str tokens, got a str {tokens[:40]!r} "
+                              "(split it into the model's pieces first)")
+    if not isinstance(tokens, (list, tuple)):
+        raise TranslatorError(f"{name}: expected a list of str tokens, got {type(tokens).__name__}")
+    for j, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise TranslatorError(f"{name}[{j}]: expected a str token, got {type(token).__name__}")
+        if not token:
+            raise TranslatorError(f"{name}[{j}]: an empty token")
+        if token.split() != [token]:
+            raise TranslatorError(f"{name}[{j}]: a token with whitespace {token[:40]!r} (one subword piece per token)")
+
+
+def check_rows(constraints: Any, n: int) -> None:
+    """``constraints``: a list (or tuple) of one entry per input, ``n`` of them."""
+    if isinstance(constraints, str) or not isinstance(constraints, (list, tuple)):
+        raise TranslatorError(f"constraints: expected a list with one list of constraints per input, got "
+                              f"{type(constraints).__name__}")
+    if len(constraints) != n:
+        raise TranslatorError(f"constraints: {len(constraints)} lists for {n} inputs; give one per input "
+                              "(an empty list: none)")
+
+
+def check_lines(lines: Any, name: str) -> None:
+    """A list (or tuple) of str lines, called ``name``."""
+    if isinstance(lines, str) or not isinstance(lines, (list, tuple)) or not all(isinstance(x, str) for x in lines):
+        raise TranslatorError(f"{name}: expected a list of str lines, got {type(lines).__name__}"
+                              + (f" {lines[:40]!r}" if isinstance(lines, str) else ""))

@@ -21,12 +21,12 @@ import itertools
 import logging
 import os
 import sys
-from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, TextIO
 
 import numpy as np
 
 from .. import preprocess as P
-from ..config import CONSTRAINT_ORDERS, DecodingConfig, DecodingError, add_runtime_arguments
+from ..config import CONSTRAINT_ORDERS, DecodingError, add_runtime_arguments
 from ..errors import InsertionError
 from ..export_format import SETTINGS
 from . import RUNTIME_OPTIONS, Translator
@@ -54,69 +54,51 @@ def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
         yield (text[1:] if i == 1 and text.startswith("\ufeff") else text).rstrip("\r\n")
 
 
-def batches(lines: Iterable[str], size: int) -> Iterator[Tuple[int, List[str]]]:
-    """(number of the first line, counted from 1; up to ``size`` lines), as the lines are read."""
-    lines = iter(lines)
-    first = 1
-    while batch := list(itertools.islice(lines, size)):
-        yield first, batch
-        first += len(batch)
-
-
-def text_pipeline(args: argparse.Namespace, translator: Translator) -> Text:
-    """How lines become pieces and pieces lines: with ``--tokenizer``, the export's preprocessing changed by the
-    options given (its subword model read and checked against the target vocabulary now)."""
+def translate(args: argparse.Namespace, out: TextIO) -> None:
+    """Translate the input batch by batch, writing and flushing each batch's lines. With ``--tokenizer``, lines become
+    pieces and pieces lines by the export's preprocessing changed by the options given (its subword model read and
+    checked against the target vocabulary now)."""
+    options = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
+    translator = Translator(args.model_dir, intra_threads=args.threads)
+    opts = translator.options(**options)
     settings = P.from_arguments(args, translator.preprocessing, str(translator.model_dir / SETTINGS))
     if settings is not None:
         P.load(settings)
         P.check_vocabulary(settings, translator.words(), "the export's target vocabulary")
-        return Text(lambda line: P.prepare_line(line, settings).split(), lambda pieces: P.detokenize(pieces, settings),
+        text = Text(lambda line: P.prepare_line(line, settings).split(), lambda pieces: P.detokenize(pieces, settings),
                     lambda c: P.prepare_constraint(c, settings).split())
-    if args.post_process == "subword_nmt":
-        return Text(str.split, lambda pieces: (" ".join(pieces) + " ").replace("@@ ", "").rstrip(), str.split)
-    return Text(str.split, " ".join, str.split)
-
-
-def translate(args: argparse.Namespace, out: TextIO) -> int:
-    """Translate the input batch by batch, writing and flushing each batch's lines."""
-    options = {k: getattr(args, k) for k in RUNTIME_OPTIONS if getattr(args, k) is not None}
-    translator = Translator(args.model_dir, intra_threads=args.threads)
-    opts = translator.options(**options)
-    text = text_pipeline(args, translator)
-    name = "standard input" if args.input == "-" else args.input
+    elif args.post_process == "subword_nmt":
+        text = Text(str.split, lambda pieces: (" ".join(pieces) + " ").replace("@@ ", "").rstrip(), str.split)
+    else:
+        text = Text(str.split, " ".join, str.split)
+    name, constraints = "standard input" if args.input == "-" else args.input, args.constraint_order is not None
     with contextlib.nullcontext(sys.stdin.buffer) if args.input == "-" else open(args.input, "rb") as stream:
-        for first, lines in batches(read_lines(stream, name), args.batch_size):
-            out.write("".join(f"{line}\n" for line in translate_lines(translator, opts, lines, first, name, text,
-                                                                     args.constraint_order is not None)))
+        lines, first = read_lines(stream, name), 1  # first: the number of the batch's first line, from 1
+        while batch := list(itertools.islice(lines, args.batch_size)):  # as the lines are read
+            # each line: its source (--constraints: then its constraints after tabs); empty or over-long: "", warned
+            ids: Dict[int, np.ndarray] = {}
+            given: Dict[int, List[List[str]]] = {}
+            for number, line in enumerate(batch, first):
+                fields = line.split("\t") if constraints else [line]
+                pieces = text.encode(fields[0])
+                source = translator.encode(pieces)
+                given[number] = [c for c in map(text.constraint, fields[1:]) if c]
+                if not pieces and not given[number]:
+                    logger.warning("%s line %d: empty; its translation is empty", name, number)
+                elif len(source) > translator.max_source_positions:
+                    logger.warning("%s line %d: %d source tokens with the end-of-sentence marker, over the model's "
+                                   "%d; its translation is empty", name, number, len(source),
+                                   translator.max_source_positions)
+                else:
+                    ids[number] = source
+            targeted = translator.encode_constraints([given[n] for n in ids], len(ids),
+                                                     [f"{name} line {n}" for n in ids]) if constraints else None
+            results = translator.translate_ids(list(ids.values()), len(ids), opts, targeted)
+            targets = {number: text.decode([translator.target_symbols[t] for t in candidates[0].ids.tolist()])
+                       for number, candidates in zip(ids, results)}
+            out.write("".join(f"{targets.get(number, '')}\n" for number in range(first, first + len(batch))))
             out.flush()
-    return 0
-
-
-def translate_lines(translator: Translator, opts: DecodingConfig, lines: List[str], first: int, name: str,
-                    text: Text, constraints: bool = False) -> List[str]:
-    """The output line of each input line (``constraints``: its source, then its constraints after tabs); an empty
-    one, with a warning, for a line that is empty or longer than the model's source positions."""
-    ids: Dict[int, np.ndarray] = {}
-    given: Dict[int, List[List[str]]] = {}
-    for number, line in enumerate(lines, first):
-        fields = line.split("\t") if constraints else [line]
-        pieces = text.encode(fields[0])
-        source = translator.encode(pieces)
-        given[number] = [c for c in map(text.constraint, fields[1:]) if c]
-        if not pieces and not given[number]:
-            logger.warning("%s line %d: empty; its translation is empty", name, number)
-        elif len(source) > translator.max_source_positions:
-            logger.warning("%s line %d: %d source tokens with the end-of-sentence marker, over the model's %d; "
-                           "its translation is empty", name, number, len(source), translator.max_source_positions)
-        else:
-            ids[number] = source
-    targeted = None
-    if constraints:
-        targeted = translator.encode_constraints([given[n] for n in ids], len(ids), [f"{name} line {n}" for n in ids])
-    results = translator.translate_ids(list(ids.values()), len(ids), opts, targeted)
-    targets = {number: text.decode([translator.target_symbols[t] for t in candidates[0].ids.tolist()])
-               for number, candidates in zip(ids, results)}
-    return [targets.get(number, "") for number in range(first, first + len(lines))]
+            first += len(batch)
 
 
 def check_arguments(args: argparse.Namespace) -> Optional[str]:
@@ -176,26 +158,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problem = check_arguments(args)
     if problem is None:
         utf8(sys.stdout)
-        problem = run(args)
+        try:
+            translate(args, sys.stdout)
+        except BrokenPipeError:  # a closed output is no error: the rest to os.devnull, so that Python's flush at
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit raises nothing (its SIGPIPE recipe)
+        except DecodingError as exc:
+            problem = exc.command_line()
+        except InsertionError as exc:  # the runtime's and the preprocessing's refusals
+            problem = str(exc)
+        except OSError as exc:
+            problem = f"{exc.filename or 'standard output'}: {exc.strerror}"
     if problem is None:
         return 0
     print(f"{PROG} {args.command}: error: {problem}", file=sys.stderr)
     return 2
-
-
-def run(args: argparse.Namespace) -> Optional[str]:
-    """Translate; what stopped it, if anything (a closed output is no error)."""
-    try:
-        translate(args, sys.stdout)
-    except BrokenPipeError:  # the reader went away: the rest to os.devnull, so that Python's flush at exit raises
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing (Python's recipe for SIGPIPE)
-    except DecodingError as exc:
-        return exc.command_line()
-    except InsertionError as exc:  # the runtime's and the preprocessing's refusals
-        return str(exc)
-    except OSError as exc:
-        return f"{exc.filename or 'standard output'}: {exc.strerror}"
-    return None
 
 
 if __name__ == "__main__":

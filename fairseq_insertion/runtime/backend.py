@@ -97,8 +97,8 @@ class OnnxBackend:
         return self.session.run(None, {"framed": framed, **sources, "open_slots": open_slots, **feeds,
                                        "k": np.asarray([k], np.int64), **(more or {})})
 
-    def reorder(self, source: Source, keep: np.ndarray) -> Source:
-        return source.take(keep)
+    def reorder(self, memory: Any, keep: np.ndarray) -> Any:
+        return memory.take(keep)  # a Source, or CachedBackend's Cache
 
     def score_candidates(self, tokens: np.ndarray, lengths: np.ndarray, per_source: int) -> Optional[np.ndarray]:
         """Each source encoded once and each distinct candidate of a sentence scored once."""
@@ -180,9 +180,6 @@ class CachedBackend(OnnxBackend):
         ahead = [out[name].reshape(-1) for name in ("ends", "end_log_probs") if name in out]
         return L.SlotChoice(out["tokens"], out["log_probs"], out["eos_log_probs"], out["location"], *ahead,
                             memory=grown)
-
-    def reorder(self, memory: Cache, keep: np.ndarray) -> Cache:
-        return memory.take(keep)
 
 
 def width_groups(lengths: np.ndarray, start: int = 0) -> List[slice]:

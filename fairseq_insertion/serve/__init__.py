@@ -1,11 +1,6 @@
 """A translation service over the runtime: ``python -m fairseq_insertion.serve EXPORT_DIR`` (``pip install -e
-".[serve]"``: aiohttp, which is both the server and the client the tests and the load benchmark use).
-
-``POST /translate`` takes a JSON object: ``text`` (raw lines, prepared as the export records) or ``tokens`` (lines
-of subword pieces), and optionally ``constraints`` (per line, its phrases: raw text with ``text``, piece lists
-with ``tokens``), ``num_hypotheses`` and ``passes`` (each hypothesis's canvas after every pass, the pieces each
-pass inserted marked). It answers ``translations``, one per line in order. ``GET /health`` gives the export's
-settings digest and the batching counts; ``GET /`` a page that translates a sentence and shows its passes.
+".[serve]"``: aiohttp, which is both the server and the client the tests and the load benchmark use); docs/deploy.md
+describes its requests (``POST /translate``, ``GET /health``, ``GET /``) and options.
 
 Concurrent requests are decoded together: a :class:`Batcher` gathers them into one ``translate_batch`` call of at
 most ``max_batch_size`` lines, waiting at most ``max_wait_ms`` after the first. Every request is checked before it
@@ -17,7 +12,6 @@ stops taking connections, answers the requests in flight, then exits.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -98,7 +92,7 @@ class Batcher:
                 await self.arrival.wait()
             await self.slots.acquire()
             first = self.pending[0]
-            while self._lines(first.key) < self.max_batch_size:
+            while sum(len(job.source) for job in self.pending if job.key == first.key) < self.max_batch_size:
                 left = first.arrived + self.max_wait - time.monotonic()
                 if left <= 0:
                     break
@@ -107,22 +101,14 @@ class Batcher:
                     await asyncio.wait_for(self.arrival.wait(), left)
                 except asyncio.TimeoutError:
                     break
-            batch = self._take(first.key)
+            batch, lines = [], 0  # the first request and those of its kind behind it, up to max_batch_size lines
+            for job in self.pending:
+                if job.key == first.key and (not batch or lines + len(job.source) <= self.max_batch_size):
+                    batch.append(job)
+                    lines += len(job.source)
+            self.pending = [job for job in self.pending if job not in batch]
             loop.run_in_executor(self.executor, self._translate, batch).add_done_callback(
                 lambda _: self.slots.release())
-
-    def _lines(self, key: Tuple[int, bool, bool]) -> int:
-        return sum(len(job.source) for job in self.pending if job.key == key)
-
-    def _take(self, key: Tuple[int, bool, bool]) -> List[Job]:
-        """The first request and those of its kind behind it, up to max_batch_size lines (at least the first)."""
-        batch, lines = [], 0
-        for job in self.pending:
-            if job.key == key and (not batch or lines + len(job.source) <= self.max_batch_size):
-                batch.append(job)
-                lines += len(job.source)
-        self.pending = [job for job in self.pending if job not in batch]
-        return batch
 
     def _translate(self, batch: List[Job]) -> None:
         """On a worker thread: one call for the batch; where it fails, one a request."""
@@ -256,22 +242,12 @@ def answer(job: Job, results: Sequence[Any], settings: Any) -> List[Dict[str, An
         if job.num_hypotheses > 1:
             line["hypotheses"] = [{"text" if job.text else "tokens": show(h), "score": s}
                                   for h, s in zip(r.hypotheses, r.scores)]
-        if job.passes:
-            line["passes"] = marked(job.starts[i] if job.starts else [], r.passes[0] if r.passes else [])
+        if job.passes:  # the start canvas (the constraints' pieces), then each pass's: its pieces, those it inserted
+            previous = list(job.starts[i] if job.starts else [])
+            line["passes"] = [{"tokens": list(previous), "inserted": [False] * len(previous)}]
+            for canvas in r.passes[0] if r.passes else []:
+                kept = set(align(previous, canvas))
+                line["passes"].append({"tokens": list(canvas), "inserted": [j not in kept for j in range(len(canvas))]})
+                previous = canvas
         out.append(line)
     return out
-
-
-def marked(start: Sequence[str], canvases: Sequence[Sequence[str]]) -> List[Dict[str, Any]]:
-    """The ``start`` canvas (the constraints' pieces), then each of ``canvases``: its pieces and which of them its
-    pass inserted."""
-    out, previous = [{"tokens": list(start), "inserted": [False] * len(start)}], list(start)
-    for canvas in canvases:
-        kept = set(align(previous, canvas))
-        out.append({"tokens": list(canvas), "inserted": [i not in kept for i in range(len(canvas))]})
-        previous = canvas
-    return out
-
-
-def settings_digest(model_dir: Path) -> str:
-    return hashlib.sha256((Path(model_dir) / F.SETTINGS).read_bytes()).hexdigest()

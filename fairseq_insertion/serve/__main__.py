@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import InsertionError
-from . import PAGE, Batcher, RequestError, answer, check_request, settings_digest
+from ..export_format import SETTINGS
+from . import PAGE, Batcher, RequestError, answer, check_request
 
 logger = logging.getLogger("fairseq_insertion.serve")
 
@@ -22,7 +24,8 @@ def make_app(translator: Any, model_dir: Path, max_batch_size: int = 32, max_wai
     from aiohttp import web
 
     batcher = Batcher(translator, max_batch_size, max_wait_ms, workers)
-    digest, page = settings_digest(model_dir), PAGE.read_text(encoding="utf-8")
+    digest = hashlib.sha256((Path(model_dir) / SETTINGS).read_bytes()).hexdigest()  # of the export's settings.json
+    page = PAGE.read_text(encoding="utf-8")
 
     def refuse(message: str, status: int = 400) -> Any:
         return web.json_response({"error": message}, status=status)
