@@ -43,7 +43,13 @@ def systems(teacher: Path | None, insertion: Path | None, eos_penalty: float = 0
              S("insertion_pytorch_fp32", insertion, "fairseq", {"decoding": "parallel", **rules}),
              S("insertion_runtime_fp32_greedy", insertion, "runtime", {"decoding": "greedy", "precision": "fp32",
                                                                       **rules}),
-             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules})]
+             S("insertion_pytorch_fp32_greedy", insertion, "fairseq", {"decoding": "greedy", **rules}),
+             # the encoder and one decoder step (pass): with the whole decode, the split of its time
+             *(S(f"teacher_ctranslate2_{p}_first_step", teacher, "ctranslate2", {"precision": p, "max_steps": 1})
+               for p in both),
+             *(S(f"insertion_runtime_{p}_first_pass", insertion, "runtime", {"decoding": "parallel", "precision": p,
+                                                                            **rules, "max_iterations": 1})
+               for p in both)]
     if shortlist:
         listed = {"decoding": "parallel", **rules, "shortlist": str(shortlist)}
         found += [*(S(f"insertion_runtime_{p}_shortlist", insertion, "runtime", {"precision": p, **listed})
@@ -97,6 +103,8 @@ SPEED = [Pair("runtime / CTranslate2 seconds, fp32", "insertion_runtime_fp32", "
          Pair("runtime / fairseq teacher seconds, fp32", "insertion_runtime_fp32", "teacher_fairseq_fp32", 1.0),
          Pair("PyTorch insertion / fairseq teacher seconds, fp32", "insertion_pytorch_fp32", "teacher_fairseq_fp32",
               1.0),
+         *(Pair(f"runtime / CTranslate2 seconds, the encoder and the first step, {p}",
+                f"insertion_runtime_{p}_first_pass", f"teacher_ctranslate2_{p}_first_step") for p in ("fp32", "int8")),
          Pair("runtime candidates / CTranslate2 beam 5 seconds, fp32", "insertion_runtime_fp32_candidates",
               "teacher_ctranslate2_fp32_beam5", 1.0),
          Pair("runtime candidates / CTranslate2 beam 5 seconds, int8", "insertion_runtime_int8_candidates",
@@ -288,8 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "rows of the insertion model's parallel decode with it (the runtime, exported with it, and PyTorch)")
     names = list(systems(None, None, candidates={"eos_penalties": (1.0, 2.0)}, shortlist=Path("table")))
     p.add_argument("--engines", nargs="+", choices=names, default=[n for n in names if not n.endswith(("beam5",
-                   "candidates"))], help="default all but the candidates' and beam rows (name them, with "
-                   "--candidates); the shortlist's rows need --shortlist")
+                   "candidates", "first_step", "first_pass"))], help="default all but the candidates', beam and "
+                   "first-step rows (name them; the candidates' with --candidates); the shortlist's rows need "
+                   "--shortlist")
     return p
 
 

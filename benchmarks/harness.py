@@ -217,7 +217,7 @@ class CTranslate2(Engine):
     def translate(self, batch: list[list[str]], constraints: list[list[str]] | None = None,
                   max_batch_size: int = 0) -> list[Output]:
         a, b = self.where.max_len  # fairseq's limit: a x (the longest source + the end marker) + b
-        limit = min(int(a * (max(map(len, batch)) + 1) + b), 1023)
+        limit = min(int(a * (max(map(len, batch)) + 1) + b), 1023, self.system.options.get("max_steps", 1023))
         results = self.translator.translate_batch(batch, beam_size=self.system.options.get("beam", 1),
                                                   max_batch_size=max_batch_size or len(batch),
                                                   max_decoding_length=limit)

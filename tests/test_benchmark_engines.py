@@ -54,7 +54,8 @@ def ctranslate2_available():
 
 
 def expected_engines():
-    return [k for k, s in E.systems(None, None).items() if s.engine != "ctranslate2" or ctranslate2_available()]
+    return [k for k, s in E.systems(None, None).items() if (s.engine != "ctranslate2" or ctranslate2_available())
+            and not k.endswith(("first_step", "first_pass"))]
 
 
 def test_every_engine_thread_count_and_batch_has_a_row_with_numbers(results):
@@ -254,3 +255,26 @@ def test_shortlist_rows_beside_the_plain_decode(kit, tmp_path):
     assert listed and set(listed) <= {tgt[i] for i in range(4, 8)}
     assert any(t["metric"].startswith("runtime with the shortlist / without seconds, fp32") for t in res["targets"])
     assert "the shortlist = none, runtime fp32" in parity and "TABLE" in json.dumps(res["command"])
+
+
+def test_first_step_rows_split_the_time(kit, tmp_path):
+    """The first-step rows: the encoder and one decoder step of CTranslate2 (one token a sentence) and one pass of
+    the runtime (one insertion a sentence), beside the whole decodes, with the ratio of their seconds."""
+    engines = ["insertion_runtime_fp32", "insertion_runtime_fp32_first_pass"]
+    if ctranslate2_available():
+        engines += ["teacher_ctranslate2_fp32", "teacher_ctranslate2_fp32_first_step"]
+    proc = benchmark(kit, tmp_path, "--threads", "1", "--batches", "4", "--rounds", "1", "--engines", *engines)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["engine_key"]: r for r in json.loads((tmp_path / "engines.json").read_text())["rows"]}
+    assert set(rows) == set(engines)
+    for whole, first in (("insertion_runtime_fp32", "insertion_runtime_fp32_first_pass"),
+                         ("teacher_ctranslate2_fp32", "teacher_ctranslate2_fp32_first_step")):
+        if first in rows:
+            assert rows[first]["mean_length"] <= min(1, rows[whole]["mean_length"]), (rows[first], rows[whole])
+            assert rows[first]["seconds"] > 0
+    assert rows["insertion_runtime_fp32_first_pass"]["passes"] == math.ceil(SENTENCES / 4)  # one pass a batch
+    assert rows["insertion_runtime_fp32"]["passes"] > math.ceil(SENTENCES / 4)
+    if ctranslate2_available():
+        res = json.loads((tmp_path / "engines.json").read_text())
+        assert any(t["metric"].startswith("runtime / CTranslate2 seconds, the encoder and the first step, fp32")
+                   and t["value"] > 0 for t in res["targets"])
