@@ -128,7 +128,8 @@ def decoding(options: dict) -> str:
         return (f"parallel, {k * len(options['eos_penalties'])} candidates"
                 f"{f' ({k} first insertions)' if k > 1 else ''}, {'teacher' if options.get('scorer') else 'model'}"
                 "-ordered")
-    return options.get("decoding", "greedy") + (", shortlist" if options.get("shortlist") else "")
+    first = ", the first step" if options.get("max_steps") == 1 or options.get("max_iterations") == 1 else ""
+    return options.get("decoding", "greedy") + (", shortlist" if options.get("shortlist") else "") + first
 
 
 def row_name(key: str, threads: int, batch: int) -> str:

@@ -271,7 +271,7 @@ def test_first_step_rows_split_the_time(kit, tmp_path):
                          ("teacher_ctranslate2_fp32", "teacher_ctranslate2_fp32_first_step")):
         if first in rows:
             assert rows[first]["mean_length"] <= min(1, rows[whole]["mean_length"]), (rows[first], rows[whole])
-            assert rows[first]["seconds"] > 0
+            assert rows[first]["seconds"] > 0 and rows[first]["decoding"].endswith(", the first step")
     assert rows["insertion_runtime_fp32_first_pass"]["passes"] == math.ceil(SENTENCES / 4)  # one pass a batch
     assert rows["insertion_runtime_fp32"]["passes"] > math.ceil(SENTENCES / 4)
     if ctranslate2_available():
