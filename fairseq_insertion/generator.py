@@ -240,7 +240,8 @@ def _summary(decoding: str, s: Dict[str, int]) -> str:
             f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
             f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}, "
             f"passes per sentence {s['sentence_passes'] / n:.2f} ({(s['sentence_passes'] - s['iterations']) / n:.2f} "
-            f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f}")
+            f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f} "
+            f"(framed canvases {s['canvas'] / max(s['tokens'], 1):.2f})")
 
 
 def _log_summary(decoding: str, stats: Dict[str, int]) -> None:

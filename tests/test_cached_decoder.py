@@ -22,6 +22,7 @@ from fairseq_insertion.generator import InsertionGenerator, ModelBackend
 from fairseq_insertion.runtime import Translator
 from tests.test_fast_decoder import build as build_model
 from tests.utils import (
+    canvas_positions_one_by_one,
     generate_args,
     parse_generate,
     random_source_batch,
@@ -309,6 +310,8 @@ def test_cli_and_hub_decode_counting_positions(trained, data):
     tokens = sum(len(h[1].split()) for h in hyps.values())
     # bos and eos once a sentence, then each token once (the end itself runs nothing)
     assert float(found.group(1)) == pytest.approx((tokens + 2 * 12) / tokens, abs=0.01)
+    canvas = re.search(r"decoder positions per output token [0-9.]+ \(framed canvases ([0-9.]+)\)", proc.stderr)
+    assert canvas and float(canvas.group(1)) > float(found.group(1)), proc.stderr[-2000:]
     from fairseq_insertion.model import InsertionTransformerModel
 
     hub = InsertionTransformerModel.from_pretrained(str(trained.parent), checkpoint_file=trained.name,
@@ -357,6 +360,18 @@ def test_runtime_gives_the_generators_hypotheses(exported, which, config, batch)
     torch.testing.assert_close(torch.tensor([c.score for c, *_ in got]),
                                torch.tensor([expected[i][1] for i in range(len(ds))]), atol=1e-4, rtol=1e-4)
     assert translator.stats["positions"] == gen.stats["positions"]  # each token run once, on both
+
+
+@pytest.mark.parametrize("which", ["trained", "trained_recomputed"])
+def test_stats_count_fresh_tokens_and_the_framed_canvases_apart(exported, which):
+    """The cached decoder's decoder positions are its fresh tokens (fewer); its framed canvas positions (what a
+    recomputed layer reads) are what each sentence's history gives, as for a plain decoder."""
+    model, task, out = exported[which]
+    translator = Translator(out, intra_threads=1)
+    ds = task.dataset("test")
+    expected = canvas_positions_one_by_one(translator, [ds[i]["source"].numpy() for i in range(len(ds))],
+                                           translator.options(max_iterations=4))
+    assert translator.stats["canvas"] == expected > translator.stats["positions"] > 0
 
 
 @pytest.mark.parametrize("scheme", ["per-row", "dynamic"])

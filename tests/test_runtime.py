@@ -25,7 +25,7 @@ from fairseq_insertion.generator import InsertionGenerator
 from fairseq_insertion.loop import bans, geometry
 from fairseq_insertion.runtime import Translator, TranslatorError
 from fairseq_insertion.runtime import backend as RT
-from tests.utils import REPO, build_task, reverse_data, trained_reverse_model
+from tests.utils import REPO, build_task, canvas_positions_one_by_one, reverse_data, trained_reverse_model
 
 pytest.importorskip("onnxruntime")
 TEST_LINES = 24
@@ -80,6 +80,16 @@ def runtime_hypotheses(translator: Translator, task, config: DecodingConfig, bat
     opts = translator.options(**{k: getattr(config, k) for k in RUNTIME_OPTIONS})
     ids = [s.numpy() for s in sources(task)]
     return [(c.ids.tolist(), c.score) for c, *_ in translator.translate_ids(ids, batch, opts)]
+
+
+def test_stats_count_each_passs_framed_canvas(trained):
+    """A plain decoder reads its whole framed canvas every pass: the decoder positions are the canvas positions,
+    as each sentence's history counts them."""
+    _, _, task, out = trained
+    translator = Translator(out, intra_threads=1)
+    opts = translator.options(max_iterations=4)  # some stop at the bound, others after a pass inserting nothing
+    expected = canvas_positions_one_by_one(translator, [s.numpy() for s in sources(task)], opts)
+    assert translator.stats["canvas"] == translator.stats["positions"] == expected > 2 * TEST_LINES
 
 
 @pytest.mark.parametrize("decoding", ["parallel", "greedy"])

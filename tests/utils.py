@@ -163,3 +163,17 @@ def random_source_batch(d, src_lengths: Sequence[int]) -> dict:
         src[b, : S - n] = d.pad()
         src[b, -1] = d.eos()
     return {"net_input": {"src_tokens": src, "src_lengths": torch.tensor(lengths)}}
+
+
+def canvas_positions_one_by_one(translator, ids, opts) -> int:
+    """Each source in ``ids`` decoded alone by the runtime ``translator``: the framed canvas positions its passes
+    read, from its history (the canvases before each step that inserted, then the final one for each pass that
+    inserted nothing), each with bos and eos; one candidate a sentence."""
+    total = 0
+    for x in ids:
+        before = dict(translator.stats)
+        ((c, *_),) = translator.translate_ids([x], 1, opts, passes=True)
+        ran = translator.stats["sentence_passes"] - before["sentence_passes"]
+        steps = [0, *map(len, c.passes)]  # canvas lengths before the first step, after each inserting one
+        total += sum(n + 2 for n in steps[:-1]) + (ran - len(c.passes)) * (steps[-1] + 2)
+    return total

@@ -91,15 +91,18 @@ class Pass(NamedTuple):
     n_keep: int
     kept_width: int  # the longest kept canvas
     positions: int  # the decoder positions the pass ran, unpadded: the framed canvases' (incremental: the fresh tokens)
+    canvas: int  # the framed canvases' positions, unpadded (what a recomputed layer reads)
 
 
 class Work(NamedTuple):
     """What a decode ran: batched decoder passes, passes of one sentence, decoder positions (unpadded: each pass's
-    framed canvases; an incremental backend's fresh tokens, and bos and eos once a sentence)."""
+    framed canvases; an incremental backend's fresh tokens, and bos and eos once a sentence), the framed canvases'
+    positions (an incremental backend's recomputed layers read them)."""
 
     passes: int = 0
     sentence_passes: int = 0
     positions: int = 0
+    canvas: int = 0
 
     def __add__(self, other: "Work") -> "Work":  # type: ignore[override]
         return Work(*(a + b for a, b in zip(self, other)))
@@ -121,7 +124,7 @@ def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions,
     max_iter, cap = options.config.max_iterations or room, options.config.max_per_pass
     rule = step_rule(xp, options.config.decoding, options.termination, options.eos)
     state, memory = _keep(backend, state, memory, start, n_active, started_width)
-    passes = sentence_passes = positions = 0
+    work = Work()
     for _ in range(max_iter + 1):
         if n_active == 0:
             break
@@ -129,7 +132,7 @@ def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions,
         left = state.max_len - state.lengths  # (A,)
         choice = rule(scores, left.clip(max=cap) if cap else left)
         after = step(xp, state, scores, choice, max_iter, options)
-        passes, sentence_passes, positions = passes + 1, sentence_passes + n_active, positions + after.positions
+        work = work + Work(1, n_active, after.positions, after.canvas)
         if record is not None:
             record(after.state, after.state.lengths > state.lengths)  # the rows that inserted a token
         state = after.state
@@ -139,7 +142,7 @@ def run(backend: Backend, state: Canvases, memory: Any, options: DecodeOptions,
         n_active = after.n_keep
     if n_active:
         out.store(state)
-    return out, Work(passes, sentence_passes, positions)
+    return out, work
 
 
 def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_iter: int, options: DecodeOptions
@@ -153,8 +156,9 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
     final_eos = scores.final_eos
     if scores.ends is not None and options.look_ahead and state.given is None:
         keep, final_eos = _look_ahead(xp, scores, choice, keep, new_len, options)
-    ran = state.lengths.sum() + 2 * len(state.lengths) if state.fresh is None else state.fresh.sum()
-    width, n_keep, kept_width, positions = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(), ran)
+    canvas = state.lengths.sum() + 2 * len(state.lengths)
+    width, n_keep, kept_width, canvas, positions = xp.host(new_len.max(), keep.sum(), (new_len * keep).max(), canvas,
+                                                           canvas if state.fresh is None else state.fresh.sum())
     K = state.tokens.shape[1]
     dest = insertion_destinations(xp, state.lengths, choice.mask, K, width)  # (A, K+S)
     closed_before, closed_end = state.closed_before, state.closed_end
@@ -170,7 +174,7 @@ def step(xp: Ops, state: Canvases, scores: SlotScores, choice: Insertions, max_i
         given=None if state.given is None else place(xp, dest, state.given, none, width, False),
         fresh=None if state.fresh is None else place(xp, dest, state.fresh & False, choice.mask, width, False),
         closed_end=closed_end, lengths=new_len, iterations=iterations, final_eos=final_eos)
-    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width, positions=positions)
+    return Pass(state=new, keep=keep, n_keep=n_keep, kept_width=kept_width, positions=positions, canvas=canvas)
 
 
 def _look_ahead(xp: Ops, scores: SlotScores, choice: Insertions, keep: Array, new_len: Array, options: DecodeOptions
@@ -229,6 +233,7 @@ class Decoded(NamedTuple):
     passes: int  # forward passes, the first insertions' included
     sentence_passes: int = 0  # passes of one sentence (a batched pass counts its rows), the first insertions' included
     positions: int = 0  # decoder positions the passes ran, unpadded (:class:`Work`)
+    canvas: int = 0  # the framed canvases' positions (:class:`Work`)
 
 
 def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
@@ -248,7 +253,7 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
     if K > 1:
         tokens, log_probs = first_tokens(backend, memory, K, options, max_len, shortlist)  # (B, K) each
         start, first_scores = first_insertions(xp, tokens, log_probs, max_len > 0, pad)
-        work = work + Work(1, B, 0 if backend.incremental else 2 * B)
+        work = work + Work(1, B, 0 if backend.incremental else 2 * B, 2 * B)
     if n > 1:  # row (b K + j) n / K + c: sentence b's j-th first insertion (of K) under its c-th EOS penalty
         rows = xp.arange(B * n, like=max_len)  # (B n,)
         sentence, start_row = rows // n, rows // len(betas)  # (B n,) each: its sentence b and start row (b or b K + j)
@@ -275,15 +280,16 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
                              config.rerank_weight)  # (B n,)
     order = xp.argsort(score.reshape(-1, n), descending=True)  # (B, n) the best first; ties: the lower EOS penalty
     return Decoded(canvases=out, log_prob=log_prob, teacher=teacher, score=score, order=order, passes=work.passes,
-                   sentence_passes=work.sentence_passes, positions=work.positions)
+                   sentence_passes=work.sentence_passes, positions=work.positions, canvas=work.canvas)
 
 
 def new_stats() -> Dict[str, int]:
     """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched decoder
-    passes (the encoder not counted), passes of one sentence, the decoder positions the passes ran (:class:`Work`)
-    (unpadded), iterations (steps that inserted a token), floor(log2 n)+1 of each output's length n (the paper's
-    bound on a parallel decode's iterations) and output tokens, summed over sentences."""
-    return dict.fromkeys(("sentences", "batches", "passes", "sentence_passes", "positions", "iterations",
+    passes (the encoder not counted), passes of one sentence, the decoder positions the passes ran and their framed
+    canvases' positions (:class:`Work`) (unpadded), iterations (steps that inserted a token), floor(log2 n)+1 of
+    each output's length n (the paper's bound on a parallel decode's iterations) and output tokens, summed over
+    sentences."""
+    return dict.fromkeys(("sentences", "batches", "passes", "sentence_passes", "positions", "canvas", "iterations",
                           "log2_bound", "tokens"), 0)
 
 
@@ -294,7 +300,7 @@ def tally(stats: Dict[str, int], found: Decoded) -> None:
     lengths = np.asarray(found.canvases.lengths.tolist(), np.int64)[best]  # (B,)
     bound = np.where(lengths > 0, np.floor(np.log2(np.maximum(lengths, 1))) + 1, 0)  # (B,)
     counts = {"sentences": B, "batches": 1, "passes": found.passes, "sentence_passes": found.sentence_passes,
-              "positions": found.positions, "tokens": int(lengths.sum()),
+              "positions": found.positions, "canvas": found.canvas, "tokens": int(lengths.sum()),
               "iterations": int(np.asarray(found.canvases.iterations.tolist(), np.int64)[best].sum()),
               "log2_bound": int(bound.sum())}
     for key, value in counts.items():
