@@ -233,15 +233,14 @@ class InsertionGenerator:
 
 
 def _summary(decoding: str, s: Dict[str, int]) -> str:
-    n = max(s["sentences"], 1)
+    n, t, b = max(s["sentences"], 1), max(s["tokens"], 1), max(s["batches"], 1)
     return (f"insertion decoding ({decoding}): {s['sentences']} sentences, "
             f"mean iterations {s['iterations'] / n:.3f}, mean floor(log2 n)+1 {s['log2_bound'] / n:.3f}, "
-            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} "
-            f"({s['passes'] / max(s['batches'], 1):.2f} per batch of {n / max(s['batches'], 1):.1f}), "
-            f"vocabulary rows per output token {s['vocabulary_rows'] / max(s['tokens'], 1):.2f}, "
+            f"mean length {s['tokens'] / n:.2f}, batched forward passes {s['passes']} ({s['passes'] / b:.2f} per "
+            f"batch of {n / b:.1f}), vocabulary rows per output token {s['vocabulary_rows'] / t:.2f}, "
             f"passes per sentence {s['sentence_passes'] / n:.2f} ({(s['sentence_passes'] - s['iterations']) / n:.2f} "
-            f"inserting nothing), decoder positions per output token {s['positions'] / max(s['tokens'], 1):.2f} "
-            f"(framed canvases {s['canvas'] / max(s['tokens'], 1):.2f})")
+            f"inserting nothing), decoder positions per output token {s['positions'] / t:.2f} (framed canvases "
+            f"{s['canvas'] / t:.2f})")
 
 
 def _log_summary(decoding: str, stats: Dict[str, int]) -> None:

@@ -96,8 +96,7 @@ class Pass(NamedTuple):
 
 class Work(NamedTuple):
     """What a decode ran: batched decoder passes, passes of one sentence, decoder positions (unpadded: each pass's
-    framed canvases; an incremental backend's fresh tokens, and bos and eos once a sentence), the framed canvases'
-    positions (an incremental backend's recomputed layers read them)."""
+    framed canvases; an incremental backend's fresh tokens, and bos and eos once a sentence), framed canvas ones."""
 
     passes: int = 0
     sentence_passes: int = 0
@@ -232,8 +231,8 @@ class Decoded(NamedTuple):
     order: Array  # (B, n) each sentence's candidates, best first (indices within the sentence)
     passes: int  # forward passes, the first insertions' included
     sentence_passes: int = 0  # passes of one sentence (a batched pass counts its rows), the first insertions' included
-    positions: int = 0  # decoder positions the passes ran, unpadded (:class:`Work`)
-    canvas: int = 0  # the framed canvases' positions (:class:`Work`)
+    positions: int = 0  # decoder positions the passes ran, and the framed canvases' (:class:`Work`)
+    canvas: int = 0
 
 
 def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options: DecodeOptions,
@@ -284,11 +283,9 @@ def decode(backend: Backend, memory: Any, start: Start, max_len: Array, options:
 
 
 def new_stats() -> Dict[str, int]:
-    """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched decoder
-    passes (the encoder not counted), passes of one sentence, the decoder positions the passes ran and their framed
-    canvases' positions (:class:`Work`) (unpadded), iterations (steps that inserted a token), floor(log2 n)+1 of
-    each output's length n (the paper's bound on a parallel decode's iterations) and output tokens, summed over
-    sentences."""
+    """The counts both front ends keep since they were made (:func:`tally`): sentences, batches, batched passes (no
+    encoder), passes of one sentence, decoder and framed canvas positions (:class:`Work`), iterations (steps that
+    inserted), floor(log2 n)+1 of each output's length n (the paper's bound on them), output tokens."""
     return dict.fromkeys(("sentences", "batches", "passes", "sentence_passes", "positions", "canvas", "iterations",
                           "log2_bound", "tokens"), 0)
 
